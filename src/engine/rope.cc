@@ -1,0 +1,28 @@
+#include "engine/rope.h"
+
+#include <cmath>
+
+namespace gemma4rt {
+
+RopeTable::RopeTable(const RopeConfig& rope, int head_dim) : head_dim_(head_dim) {
+  const int half = head_dim / 2;
+  inverse_frequencies_.assign(half, 0.0f);
+  // Proportional RoPE keeps the full head dim in the exponent's denominator and zeroes the
+  // frequencies past the rotated fraction; default RoPE rotates every pair.
+  const int rotated = rope.type == "proportional" ? static_cast<int>(rope.partial_rotary_factor * head_dim / 2) : half;
+  for (int i = 0; i < rotated && i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inverse_frequencies_[i] = 1.0f / std::pow(static_cast<float>(rope.theta), exponent) / static_cast<float>(rope.factor);
+  }
+}
+
+void RopeTable::angles(int position, float* cos, float* sin) const {
+  const int half = head_dim_ / 2;
+  for (int i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(position) * inverse_frequencies_[i];
+    cos[i] = cos[i + half] = std::cos(angle);
+    sin[i] = sin[i + half] = std::sin(angle);
+  }
+}
+
+}  // namespace gemma4rt

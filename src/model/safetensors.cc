@@ -1,0 +1,166 @@
+#include "model/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace gemma4rt {
+namespace {
+
+// Bytes per element of every dtype the format defines; 0 = unknown to us (size left unchecked).
+size_t stored_dtype_size(const std::string& dtype) {
+  static const std::map<std::string, size_t> sizes = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+      {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1},   {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+  auto found = sizes.find(dtype);
+  return found == sizes.end() ? 0 : found->second;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(std::make_unique<MappedFile>(path)) {
+  const std::string name = path.string();
+  const auto bytes = file_->bytes();
+  if (bytes.size() < 8) fail("{}: truncated safetensors file ({} bytes; the 8-byte header length is missing)", name, bytes.size());
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);  // little-endian, as is the host
+  if (header_size > bytes.size() - 8) {
+    fail("{}: truncated safetensors file: header claims {} bytes but the file has {} after the length", name, header_size,
+         bytes.size() - 8);
+  }
+  const char* header_begin = reinterpret_cast<const char*>(bytes.data() + 8);
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(header_begin, header_begin + header_size);
+  } catch (const nlohmann::json::parse_error& error) {
+    fail("{}: safetensors header is not valid JSON: {}", name, error.what());
+  }
+  if (!header.is_object()) fail("{}: safetensors header is not a JSON object", name);
+
+  const std::byte* data_begin = bytes.data() + 8 + header_size;
+  const uint64_t data_size = bytes.size() - 8 - header_size;
+  struct Range {
+    uint64_t begin, end;
+    std::string tensor;
+  };
+  std::vector<Range> ranges;
+  for (const auto& [key, entry] : header.items()) {
+    if (key == "__metadata__") continue;
+    auto bad = [&](const std::string& why) { fail("{}: tensor {}: {}", name, key, why); };
+    if (!entry.is_object()) bad("header entry is not an object");
+    if (!entry.contains("dtype") || !entry["dtype"].is_string()) bad("dtype is missing");
+    if (!entry.contains("shape") || !entry["shape"].is_array()) bad("shape is missing");
+    if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2) {
+      bad("data_offsets must be [begin, end]");
+    }
+    StoredTensor tensor;
+    tensor.name = key;
+    tensor.dtype_name = entry["dtype"].get<std::string>();
+    uint64_t element_count = 1;
+    for (const auto& dimension : entry["shape"]) {
+      if (!dimension.is_number_unsigned()) bad("shape holds a non-integer or negative dimension");
+      tensor.shape.push_back(dimension.get<int64_t>());
+      element_count *= dimension.get<uint64_t>();
+    }
+    const auto& offsets = entry["data_offsets"];
+    if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) bad("data_offsets must be non-negative integers");
+    const uint64_t begin = offsets[0].get<uint64_t>();
+    const uint64_t end = offsets[1].get<uint64_t>();
+    if (begin > end) bad(fmt::format("data_offsets [{}, {}] are reversed", begin, end));
+    if (end > data_size) {
+      bad(fmt::format("data_offsets [{}, {}] run past the end of the data ({} bytes): the file is truncated or corrupt", begin,
+                      end, data_size));
+    }
+    const size_t element_size = stored_dtype_size(tensor.dtype_name);
+    if (element_size != 0 && end - begin != element_count * element_size) {
+      bad(fmt::format("holds {} bytes but dtype {} and shape {} need {}", end - begin, tensor.dtype_name,
+                      shape_to_string(tensor.shape), element_count * element_size));
+    }
+    tensor.data = data_begin + begin;
+    tensor.size_bytes = end - begin;
+    tensor.file = &file_->path();
+    ranges.push_back({begin, end, key});
+    tensors_.push_back(std::move(tensor));
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t index = 1; index < ranges.size(); ++index) {
+    if (ranges[index].begin < ranges[index - 1].end) {
+      fail("{}: tensors {} and {} overlap (bytes [{}, {}) and [{}, {}))", name, ranges[index - 1].tensor, ranges[index].tensor,
+           ranges[index - 1].begin, ranges[index - 1].end, ranges[index].begin, ranges[index].end);
+    }
+  }
+}
+
+Checkpoint::Checkpoint(const std::filesystem::path& model_dir) {
+  const auto index_path = model_dir / "model.safetensors.index.json";
+  const auto single_path = model_dir / "model.safetensors";
+  std::map<std::string, std::string> expected_file;  // tensor -> shard, from the index
+  if (std::filesystem::exists(index_path)) {
+    std::ifstream input(index_path);
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(input);
+    } catch (const nlohmann::json::parse_error& error) {
+      fail("{}: invalid JSON: {}", index_path.string(), error.what());
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      fail("{}: field weight_map is missing", index_path.string());
+    }
+    std::set<std::string> shard_names;
+    for (const auto& [tensor, file] : index["weight_map"].items()) {
+      if (!file.is_string()) fail("{}: weight_map entry {} is not a file name", index_path.string(), tensor);
+      expected_file[tensor] = file.get<std::string>();
+      shard_names.insert(file.get<std::string>());
+    }
+    for (const auto& shard : shard_names) {
+      const auto shard_path = model_dir / shard;
+      if (!std::filesystem::exists(shard_path)) fail("{}: shard listed in {} is missing", shard_path.string(), index_path.string());
+      files_.push_back(shard_path);
+    }
+  } else if (std::filesystem::exists(single_path)) {
+    files_.push_back(single_path);
+  } else {
+    fail("{}: no model.safetensors or model.safetensors.index.json", model_dir.string());
+  }
+
+  for (const auto& path : files_) {
+    shards_.push_back(std::make_unique<SafetensorsFile>(path));
+    for (const StoredTensor& tensor : shards_.back()->tensors()) {
+      auto [where, inserted] = tensors_.emplace(tensor.name, tensor);
+      if (!inserted) fail("{}: tensor {} is stored twice (also in {})", path.string(), tensor.name, where->second.file->string());
+    }
+  }
+  for (const auto& [tensor, file] : expected_file) {
+    auto found = tensors_.find(tensor);
+    if (found == tensors_.end()) fail("{}: tensor {} is listed in the index but missing from the shard", (model_dir / file).string(), tensor);
+  }
+}
+
+const StoredTensor* Checkpoint::find(const std::string& name) const {
+  auto found = tensors_.find(name);
+  return found == tensors_.end() ? nullptr : &found->second;
+}
+
+TensorView Checkpoint::view(const StoredTensor& stored) {
+  TensorView view;
+  view.name = stored.name;
+  view.shape = stored.shape;
+  view.data = stored.data;
+  if (stored.dtype_name == "F32") {
+    view.dtype = DType::kF32;
+  } else if (stored.dtype_name == "BF16") {
+    view.dtype = DType::kBF16;
+  } else if (stored.dtype_name == "F16") {
+    view.dtype = DType::kF16;
+  } else {
+    fail("{}: tensor {} has dtype {}; gemma4rt reads F32, BF16 and F16", stored.file->string(), stored.name, stored.dtype_name);
+  }
+  return view;
+}
+
+}  // namespace gemma4rt
