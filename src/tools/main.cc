@@ -1,2 +1,43 @@
+// gemma4rt: the command-line entry point. User mistakes (bad flags, bad files, prompts that do not fit)
+// end with one "gemma4rt: error: ..." line on stderr and exit status 1.
 #include <cstdio>
-int main() { return 0; }
+#include <exception>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"gemma4rt: an inference runtime for Gemma-4 text models"};
+  app.require_subcommand(1);
+  std::map<const CLI::App*, gemma4rt::tools::Action> actions;
+  auto add = [&](gemma4rt::tools::Action (*register_command)(CLI::App&)) {
+    const size_t before = app.get_subcommands({}).size();
+    gemma4rt::tools::Action action = register_command(app);
+    actions[app.get_subcommands({}).at(before)] = std::move(action);
+  };
+  add(gemma4rt::tools::add_run_command);
+  add(gemma4rt::tools::add_tokenize_command);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  try {
+    for (const auto& [command, action] : actions) {
+      if (command->parsed()) return action();
+    }
+    return 1;
+  } catch (const gemma4rt::Error& error) {
+    std::fflush(stdout);
+    fmt::print(stderr, "gemma4rt: error: {}\n", error.what());
+    return 1;
+  } catch (const std::exception& error) {
+    std::fflush(stdout);
+    fmt::print(stderr, "gemma4rt: internal error: {}\n", error.what());
+    return 2;
+  }
+}

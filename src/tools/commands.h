@@ -1,0 +1,16 @@
+// The gemma4rt subcommands. Each file in src/tools registers one subcommand on the CLI11 app and
+// returns the action to run once parsing succeeded.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace gemma4rt::tools {
+
+using Action = std::function<int()>;
+
+Action add_run_command(CLI::App& app);
+Action add_tokenize_command(CLI::App& app);
+
+}  // namespace gemma4rt::tools

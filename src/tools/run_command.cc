@@ -1,0 +1,159 @@
+// gemma4rt run: one generation from a checkpoint directory, from raw text (--prompt), one chat turn
+// (--chat) or token ids (--prompt-ids). Text streams to stdout; --json prints one JSON object instead.
+#include <cstdio>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/generator.h"
+#include "model/weights.h"
+#include "tokenizer/chat_format.h"
+#include "tokenizer/tokenizer.h"
+#include "tools/commands.h"
+#include "tools/token_list.h"
+
+namespace gemma4rt::tools {
+namespace {
+
+struct RunFlags {
+  std::string model_dir;
+  std::string prompt, chat, prompt_ids, system;
+  bool thinking = false;
+  int max_tokens = 256;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+  int context_tokens = 4096;
+  bool json = false;
+};
+
+Tokenizer load_tokenizer_for(const std::filesystem::path& model_dir, const char* why) {
+  const auto path = model_dir / "tokenizer.json";
+  if (!std::filesystem::exists(path)) fail("{}: file not found ({})", path.string(), why);
+  return Tokenizer::load(path);
+}
+
+int run(const RunFlags& flags) {
+  auto model = Model::load(flags.model_dir);
+  const ModelConfig& config = model->config();
+
+  std::optional<Tokenizer> tokenizer;
+  std::vector<int32_t> prompt_tokens;
+  if (!flags.prompt_ids.empty()) {
+    prompt_tokens = parse_token_list(flags.prompt_ids, "--prompt-ids");
+    // Ids need no tokenizer; one is used for the output text when the checkpoint has it.
+    if (std::filesystem::exists(std::filesystem::path(flags.model_dir) / "tokenizer.json")) {
+      tokenizer = load_tokenizer_for(flags.model_dir, "");
+    }
+  } else {
+    tokenizer = load_tokenizer_for(flags.model_dir, "needed to tokenize --prompt or --chat; --prompt-ids needs none");
+    std::string text;
+    if (!flags.chat.empty()) {
+      nlohmann::json messages = nlohmann::json::array();
+      if (!flags.system.empty()) messages.push_back({{"role", "system"}, {"content", flags.system}});
+      messages.push_back({{"role", "user"}, {"content", flags.chat}});
+      ChatOptions options;
+      options.enable_thinking = flags.thinking;
+      // Without a template in the checkpoint, PLE models are the E-series and use its generation prompt.
+      options.style = detect_generation_prompt_style(
+          flags.model_dir, config.has_per_layer_inputs() ? GenerationPromptStyle::kESeries : GenerationPromptStyle::kLargeModel);
+      text = render_chat(messages, nullptr, options);
+    } else {
+      text = flags.prompt;
+    }
+    prompt_tokens = tokenizer->encode(text);
+    // Raw completions start with exactly one <bos>, written in the text or added here.
+    if (prompt_tokens.empty() || prompt_tokens.front() != config.bos_token_id) {
+      prompt_tokens.insert(prompt_tokens.begin(), config.bos_token_id);
+    }
+  }
+  for (int32_t id : prompt_tokens) {
+    if (id >= config.vocab_size) fail("--prompt-ids: token id {} is outside the vocabulary (0..{})", id, config.vocab_size - 1);
+  }
+
+  TransformerOptions transformer_options;
+  transformer_options.context_tokens = flags.context_tokens;
+  if (static_cast<int64_t>(prompt_tokens.size()) > flags.context_tokens) {
+    fail("the prompt has {} tokens but --ctx is {}: raise --ctx or shorten the prompt", prompt_tokens.size(), flags.context_tokens);
+  }
+  Transformer transformer(*model, transformer_options);
+
+  GenerationOptions options;
+  options.max_tokens = flags.max_tokens;
+  options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.min_p, flags.seed};
+  options.ignore_eos = flags.ignore_eos;
+  options.stop_token_ids.assign(config.eos_token_ids.begin(), config.eos_token_ids.end());
+
+  std::optional<StreamingDecoder> stream;
+  if (tokenizer && !flags.json) stream.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  auto on_token = [&](int32_t token) {
+    if (stream) {
+      const bool stops = !flags.ignore_eos && std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), token) !=
+                                                  options.stop_token_ids.end();
+      if (!stops) {
+        fmt::print("{}", stream->push(token));
+        std::fflush(stdout);
+      }
+    }
+    return true;
+  };
+  GenerationResult result = generate(transformer, prompt_tokens, options, on_token);
+
+  // The text leaves out the stop token that ended generation.
+  std::vector<int32_t> text_tokens = result.tokens;
+  if (result.finish_reason == "stop" && !text_tokens.empty()) text_tokens.pop_back();
+  if (flags.json) {
+    nlohmann::json output;
+    output["prompt_tokens"] = prompt_tokens;
+    output["tokens"] = result.tokens;
+    output["text"] = tokenizer ? tokenizer->decode(text_tokens, /*skip_special_tokens=*/true) : std::string();
+    output["finish_reason"] = result.finish_reason;
+    output["timings"] = {{"prefill_ms", result.prefill_ms},
+                         {"decode_ms", result.decode_ms},
+                         {"decode_tokens_per_s", result.decode_tokens_per_second()}};
+    // Invalid UTF-8 in generated text is replaced rather than aborting the dump.
+    fmt::print("{}\n", output.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  } else {
+    if (stream) fmt::print("{}", stream->finish());
+    if (!tokenizer) fmt::print("{}", fmt::join(result.tokens, ","));
+    fmt::print("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Action add_run_command(CLI::App& app) {
+  auto flags = std::make_shared<RunFlags>();
+  CLI::App* command = app.add_subcommand("run", "Generate text from a Hugging Face Gemma-4 checkpoint directory");
+  command->add_option("--model", flags->model_dir, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
+  auto* prompt = command->add_option("--prompt", flags->prompt, "Raw completion: the text is not wrapped in the chat format");
+  auto* chat = command->add_option("--chat", flags->chat, "One user turn, rendered through the Gemma-4 chat format");
+  auto* ids = command->add_option("--prompt-ids", flags->prompt_ids, "Prompt as comma-separated token ids (no tokenizer needed)");
+  prompt->excludes(chat)->excludes(ids);
+  chat->excludes(ids);
+  command->add_option("--system", flags->system, "System prompt for --chat");
+  command->add_flag("--thinking", flags->thinking, "Enable thinking in the chat format (--chat)");
+  command->add_option("--max-tokens,-n", flags->max_tokens, "Most tokens to generate")->check(CLI::NonNegativeNumber);
+  command->add_option("--temperature", flags->temperature, "Sampling temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
+  command->add_option("--top-k", flags->top_k, "Keep the k most likely tokens; 0 = all")->check(CLI::NonNegativeNumber);
+  command->add_option("--top-p", flags->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
+  command->add_option("--min-p", flags->min_p, "Drop tokens below min-p times the best token's probability")->check(CLI::Range(0.0f, 1.0f));
+  command->add_option("--seed", flags->seed, "Random seed for sampling");
+  command->add_flag("--ignore-eos", flags->ignore_eos, "Do not stop on the checkpoint's end-of-sequence tokens");
+  command->add_option("--ctx", flags->context_tokens, "Context length: KV cache positions allocated at load")->check(CLI::PositiveNumber);
+  command->add_flag("--json", flags->json, "Print one JSON object with tokens, text, finish reason and timings");
+  command->callback([command] {
+    if (command->count("--prompt") + command->count("--chat") + command->count("--prompt-ids") != 1) {
+      throw CLI::ValidationError("run", "give exactly one of --prompt, --chat or --prompt-ids");
+    }
+  });
+  return [flags] { return run(*flags); };
+}
+
+}  // namespace gemma4rt::tools

@@ -1,0 +1,161 @@
+// Broken checkpoints and impossible requests: each ends with one clear error line naming the file,
+// tensor or field, and a non-zero exit; never a crash.
+#include <gtest/gtest.h>
+
+#include "test_support.h"
+
+namespace gemma4rt::testing {
+namespace {
+
+const std::filesystem::path kSource = std::filesystem::path(GEMMA4RT_TEST_DATA) / "golden" / "tiny-e2b";
+const std::string kPrefix = "model.language_model.";
+
+// Runs the model and checks the failure: exit 1 (not a signal), one line on stderr holding every `needle`.
+void expect_clear_failure(const std::filesystem::path& model_dir, const std::vector<std::string>& needles,
+                          const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> arguments = {"run", "--model", model_dir.string(), "--prompt-ids", "2,17,300", "--max-tokens", "2"};
+  arguments.insert(arguments.end(), extra.begin(), extra.end());
+  const CommandResult result = run_gemma4rt(arguments);
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+  EXPECT_TRUE(result.err.starts_with("gemma4rt: error: ")) << result.err;
+  for (const auto& needle : needles) EXPECT_NE(result.err.find(needle), std::string::npos) << "missing '" << needle << "' in: " << result.err;
+  EXPECT_TRUE(result.out.empty()) << result.out;
+}
+
+std::filesystem::path broken_copy(const std::string& name) {
+  const auto dir = fresh_work_dir("broken/" + name);
+  copy_checkpoint(kSource, dir);
+  return dir;
+}
+
+TEST(BadInput, MissingConfig) {
+  const auto dir = broken_copy("missing_config");
+  std::filesystem::remove(dir / "config.json");
+  expect_clear_failure(dir, {"config.json", "not found"});
+}
+
+TEST(BadInput, UnknownModelType) {
+  const auto dir = broken_copy("unknown_model_type");
+  nlohmann::json config = read_json_file(dir / "config.json");
+  config["model_type"] = "llama";
+  write_text_file(dir / "config.json", config.dump());
+  expect_clear_failure(dir, {"config.json", "model_type", "llama"});
+}
+
+TEST(BadInput, WrongFieldType) {
+  const auto dir = broken_copy("wrong_field_type");
+  nlohmann::json config = read_json_file(dir / "config.json");
+  config["text_config"]["hidden_size"] = "sixty-four";
+  write_text_file(dir / "config.json", config.dump());
+  expect_clear_failure(dir, {"config.json", "text_config.hidden_size"});
+}
+
+TEST(BadInput, TruncatedSafetensors) {
+  const auto dir = broken_copy("truncated");
+  const std::string bytes = read_text_file(dir / "model.safetensors");
+  write_text_file(dir / "model.safetensors", bytes.substr(0, bytes.size() / 2));
+  expect_clear_failure(dir, {"model.safetensors", "past the end"});
+}
+
+TEST(BadInput, TruncatedInsideHeader) {
+  const auto dir = broken_copy("truncated_header");
+  const std::string bytes = read_text_file(dir / "model.safetensors");
+  write_text_file(dir / "model.safetensors", bytes.substr(0, 100));
+  expect_clear_failure(dir, {"model.safetensors", "truncated"});
+}
+
+TEST(BadInput, OverlappingOffsets) {
+  const auto dir = broken_copy("overlap");
+  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
+  // Point the final norm at bytes another tensor of the same size already uses.
+  auto& norm = image.header[kPrefix + "norm.weight"];
+  const auto& other = image.header[kPrefix + "layers.0.input_layernorm.weight"];
+  norm["data_offsets"] = other["data_offsets"];
+  image.save(dir / "model.safetensors");
+  expect_clear_failure(dir, {"model.safetensors", "overlap", kPrefix + "norm.weight"});
+}
+
+TEST(BadInput, OffsetsPastTheEnd) {
+  const auto dir = broken_copy("past_end");
+  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
+  auto& norm = image.header[kPrefix + "norm.weight"];
+  const uint64_t size = norm["data_offsets"][1].get<uint64_t>() - norm["data_offsets"][0].get<uint64_t>();
+  norm["data_offsets"] = {image.data.size() - size / 2, image.data.size() + size / 2};
+  image.save(dir / "model.safetensors");
+  expect_clear_failure(dir, {"model.safetensors", kPrefix + "norm.weight", "past the end"});
+}
+
+TEST(BadInput, MissingTensor) {
+  const auto dir = broken_copy("missing_tensor");
+  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
+  image.header.erase(kPrefix + "layers.3.mlp.down_proj.weight");
+  image.save(dir / "model.safetensors");
+  expect_clear_failure(dir, {"missing tensor " + kPrefix + "layers.3.mlp.down_proj.weight"});
+}
+
+TEST(BadInput, WrongShape) {
+  const auto dir = broken_copy("wrong_shape");
+  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
+  auto& gate = image.header[kPrefix + "layers.2.mlp.gate_proj.weight"];
+  const auto shape = gate["shape"].get<std::vector<int64_t>>();
+  gate["shape"] = {shape[1], shape[0]};  // same byte count, transposed
+  image.save(dir / "model.safetensors");
+  expect_clear_failure(dir, {kPrefix + "layers.2.mlp.gate_proj.weight", "shape"});
+}
+
+TEST(BadInput, SizeDisagreesWithShape) {
+  const auto dir = broken_copy("size_mismatch");
+  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
+  image.header[kPrefix + "norm.weight"]["shape"] = {1000};
+  image.save(dir / "model.safetensors");
+  expect_clear_failure(dir, {"model.safetensors", kPrefix + "norm.weight", "bytes"});
+}
+
+TEST(BadInput, MissingLayerScalarIsAnErrorNotOne) {
+  const auto dir = broken_copy("missing_layer_scalar");
+  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
+  image.header.erase(kPrefix + "layers.7.layer_scalar");
+  image.save(dir / "model.safetensors");
+  expect_clear_failure(dir, {"missing tensor " + kPrefix + "layers.7.layer_scalar"});
+}
+
+TEST(BadInput, MissingShardOfIndex) {
+  const auto dir = broken_copy("missing_shard");
+  std::filesystem::rename(dir / "model.safetensors", dir / "model-00001-of-00002.safetensors");
+  nlohmann::json index = {{"weight_map", {{kPrefix + "norm.weight", "model-00002-of-00002.safetensors"}}}};
+  write_text_file(dir / "model.safetensors.index.json", index.dump());
+  expect_clear_failure(dir, {"model-00002-of-00002.safetensors", "missing"});
+}
+
+TEST(BadInput, PromptLongerThanContext) {
+  expect_clear_failure(kSource, {"--ctx"}, {"--ctx", "2"});
+}
+
+TEST(BadInput, TokenIdOutsideVocabulary) {
+  const CommandResult result =
+      run_gemma4rt({"run", "--model", kSource.string(), "--prompt-ids", "2,999999", "--max-tokens", "2"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("999999"), std::string::npos) << result.err;
+}
+
+TEST(BadInput, MalformedTokenList) {
+  const CommandResult result = run_gemma4rt({"run", "--model", kSource.string(), "--prompt-ids", "2,abc", "--max-tokens", "2"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("--prompt-ids"), std::string::npos) << result.err;
+}
+
+TEST(BadInput, TextPromptWithoutTokenizer) {
+  const CommandResult result = run_gemma4rt({"run", "--model", kSource.string(), "--prompt", "hello"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("tokenizer.json"), std::string::npos) << result.err;
+}
+
+TEST(BadInput, MissingModelDirectory) {
+  const CommandResult result = run_gemma4rt({"run", "--model", "/nonexistent/model", "--prompt-ids", "2"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("/nonexistent/model"), std::string::npos) << result.err;
+}
+
+}  // namespace
+}  // namespace gemma4rt::testing

@@ -1,0 +1,47 @@
+// Helpers shared by the tests: running the gemma4rt binary, reading JSON fixtures, scratch folders.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace gemma4rt::testing {
+
+struct CommandResult {
+  int exit_code = -1;       // the process's exit status; 128 + signal when it was killed by one
+  std::string out;          // stdout
+  std::string err;          // stderr
+};
+
+// Runs the gemma4rt binary with these arguments (no shell involved) and captures both streams.
+CommandResult run_gemma4rt(const std::vector<std::string>& arguments);
+
+nlohmann::json read_json_file(const std::filesystem::path& path);
+std::string read_text_file(const std::filesystem::path& path);
+void write_text_file(const std::filesystem::path& path, const std::string& text);
+
+// A fresh, empty folder under the test work directory.
+std::filesystem::path fresh_work_dir(const std::string& name);
+
+// "2,17,300" for a list of ids.
+std::string join_ids(const std::vector<int>& ids);
+
+}  // namespace gemma4rt::testing
+
+namespace gemma4rt::testing {
+
+// A safetensors file held in memory so tests can build broken copies: edit the header, cut the data.
+struct SafetensorsImage {
+  nlohmann::json header;
+  std::string data;   // everything after the header
+
+  static SafetensorsImage load(const std::filesystem::path& path);
+  void save(const std::filesystem::path& path) const;
+};
+
+// Copies config.json, generation_config.json, tokenizer files and model.safetensors of a checkpoint.
+void copy_checkpoint(const std::filesystem::path& from, const std::filesystem::path& to);
+
+}  // namespace gemma4rt::testing
