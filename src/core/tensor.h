@@ -11,15 +11,26 @@
 
 namespace gemma4rt {
 
-enum class DType { kF32, kBF16, kF16 };
+// kQ8: symmetric int8 with one float scale per 32 consecutive values of a row (the last dimension),
+// as written by `gemma4rt quantize`.
+enum class DType { kF32, kBF16, kF16, kQ8 };
 
-inline size_t dtype_size_bytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+inline constexpr int64_t kQ8BlockValues = 32;
+
+inline size_t dtype_size_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kQ8: return 1;
+    default: return 2;
+  }
+}
 
 inline const char* dtype_name(DType dtype) {
   switch (dtype) {
     case DType::kF32: return "F32";
     case DType::kBF16: return "BF16";
     case DType::kF16: return "F16";
+    case DType::kQ8: return "Q8";
   }
   return "?";
 }
@@ -31,6 +42,7 @@ struct TensorView {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const std::byte* data = nullptr;
+  const float* q8_scales = nullptr;  // kQ8 only: [rows][ceil(last dimension / 32)]
 
   bool empty() const { return data == nullptr; }
   int64_t element_count() const {
@@ -46,6 +58,13 @@ struct TensorView {
       case DType::kF32: return reinterpret_cast<const float*>(data)[index];
       case DType::kBF16: return bf16_to_float(reinterpret_cast<const uint16_t*>(data)[index]);
       case DType::kF16: return f16_to_float(reinterpret_cast<const uint16_t*>(data)[index]);
+      case DType::kQ8: {
+        const int64_t columns = shape.back();
+        const int64_t blocks = (columns + kQ8BlockValues - 1) / kQ8BlockValues;
+        const int64_t row = index / columns;
+        const int64_t block = (index % columns) / kQ8BlockValues;
+        return static_cast<float>(reinterpret_cast<const int8_t*>(data)[index]) * q8_scales[row * blocks + block];
+      }
     }
     return 0.0f;
   }
@@ -56,6 +75,11 @@ struct TensorView {
     part.dtype = dtype;
     part.shape.assign(shape.begin() + 1, shape.end());
     part.data = data + static_cast<size_t>(index) * part.size_bytes();
+    if (q8_scales != nullptr) {
+      const int64_t columns = shape.back();
+      const int64_t scales_per_part = part.element_count() / columns * ((columns + kQ8BlockValues - 1) / kQ8BlockValues);
+      part.q8_scales = q8_scales + index * scales_per_part;
+    }
     return part;
   }
   // Copies `count` elements starting at `first` into `out` as floats.

@@ -2,13 +2,28 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "core/error.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/vector_ops.h"
 
 namespace gemma4rt {
 
+// Everything one decoder layer needs at run time: norm weights as floats, prepared linear weights.
+struct Transformer::LayerState {
+  std::vector<float> input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
+  std::vector<float> q_norm, k_norm;
+  std::vector<float> router_scale, per_expert_scale, pre_feedforward_norm_2, post_feedforward_norm_1, post_feedforward_norm_2;
+  std::vector<float> per_layer_post_norm;
+  float layer_scalar = 1.0f;
+  Linear q, k, v, o, gate, up, down;
+  Linear per_layer_gate, per_layer_projection;
+  Linear router;
+  std::vector<Linear> expert_gate_up, expert_down;
+};
 
 namespace {
 
@@ -20,51 +35,93 @@ std::vector<float> to_floats(const TensorView& tensor) {
   return values;
 }
 
+WeightFormat default_weight_format(const TensorView& sample) {
+  return sample.dtype == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
+}
+
+constexpr int64_t kMatmulRowsPerTask = 16;
+// Below this many multiply-adds a matrix product runs on the calling thread: waking the pool costs more.
+constexpr int64_t kMinParallelMultiplyAdds = int64_t{1} << 16;
+
 }  // namespace
 
-Transformer::Transformer(const Model& model, const TransformerOptions& options)
+Transformer::Transformer(const Model& model, const EngineOptions& options)
     : model_(model),
       config_(model.config()),
       weights_(model.weights()),
       options_(options),
-      cache_(model.config(), options.context_tokens, std::max(1, options.max_chunk_tokens)),
+      pool_(options.threads),
+      cache_(model.config(), options.context_tokens,
+             options.max_chunk_tokens > 0 ? options.max_chunk_tokens : (options.reference ? 64 : 256),
+             options.sequences,
+             options.kv_format.value_or(options.reference ? KvFormat::kF32 : KvFormat::kBF16)),
       rope_sliding_(model.config().rope_sliding, model.config().head_dim),
       rope_full_(model.config().rope_full, model.config().global_head_dim > 0 ? model.config().global_head_dim : model.config().head_dim) {
-  if (options_.context_tokens <= 0) fail("context length must be positive, got {}", options_.context_tokens);
-  options_.max_chunk_tokens = std::max(1, options_.max_chunk_tokens);
+  if (options_.max_chunk_tokens <= 0) options_.max_chunk_tokens = options_.reference ? 64 : 256;
+  if (options_.reference && cache_.format() != KvFormat::kF32) fail("the reference kernels keep the KV cache in f32");
+  weight_format_ = options_.reference ? WeightFormat::kF32 : options_.weight_format.value_or(default_weight_format(weights_.embed_tokens));
 
+  auto prepare = [&](const TensorView& view) {
+    return options_.reference ? reference_linear(view) : make_linear(view, weight_format_, pool_);
+  };
   for (const LayerWeights& layer : weights_.layers) {
-    LayerVectors vectors;
-    vectors.input_norm = to_floats(layer.input_norm);
-    vectors.post_attention_norm = to_floats(layer.post_attention_norm);
-    vectors.pre_feedforward_norm = to_floats(layer.pre_feedforward_norm);
-    vectors.post_feedforward_norm = to_floats(layer.post_feedforward_norm);
-    vectors.q_norm = to_floats(layer.attention.q_norm);
-    vectors.k_norm = to_floats(layer.attention.k_norm);
-    vectors.layer_scalar = layer.layer_scalar.at(0);
+    auto state = std::make_unique<LayerState>();
+    state->input_norm = to_floats(layer.input_norm);
+    state->post_attention_norm = to_floats(layer.post_attention_norm);
+    state->pre_feedforward_norm = to_floats(layer.pre_feedforward_norm);
+    state->post_feedforward_norm = to_floats(layer.post_feedforward_norm);
+    state->q_norm = to_floats(layer.attention.q_norm);
+    state->k_norm = to_floats(layer.attention.k_norm);
+    state->layer_scalar = layer.layer_scalar.at(0);
+    state->q = prepare(layer.attention.q_proj);
+    state->o = prepare(layer.attention.o_proj);
+    if (!layer.attention.k_proj.empty()) state->k = prepare(layer.attention.k_proj);
+    if (!layer.attention.v_proj.empty()) state->v = prepare(layer.attention.v_proj);
+    state->gate = prepare(layer.mlp.gate_proj);
+    state->up = prepare(layer.mlp.up_proj);
+    state->down = prepare(layer.mlp.down_proj);
     if (layer.moe) {
-      vectors.router_scale = to_floats(layer.moe->router_scale);
-      vectors.per_expert_scale = to_floats(layer.moe->per_expert_scale);
-      vectors.pre_feedforward_norm_2 = to_floats(layer.moe->pre_feedforward_norm_2);
-      vectors.post_feedforward_norm_1 = to_floats(layer.moe->post_feedforward_norm_1);
-      vectors.post_feedforward_norm_2 = to_floats(layer.moe->post_feedforward_norm_2);
+      const MoeWeights& moe = *layer.moe;
+      state->router_scale = to_floats(moe.router_scale);
+      state->per_expert_scale = to_floats(moe.per_expert_scale);
+      state->pre_feedforward_norm_2 = to_floats(moe.pre_feedforward_norm_2);
+      state->post_feedforward_norm_1 = to_floats(moe.post_feedforward_norm_1);
+      state->post_feedforward_norm_2 = to_floats(moe.post_feedforward_norm_2);
+      // The router decides which experts run: keep it in f32 on every path.
+      state->router = options_.reference ? reference_linear(moe.router_proj) : make_linear(moe.router_proj, WeightFormat::kF32, pool_);
+      for (int expert = 0; expert < config_.num_experts; ++expert) {
+        state->expert_gate_up.push_back(prepare(moe.gate_up_proj.slice(expert)));
+        state->expert_down.push_back(prepare(moe.down_proj.slice(expert)));
+      }
     }
-    if (layer.per_layer_input) vectors.per_layer_post_norm = to_floats(layer.per_layer_input->post_norm);
-    layer_vectors_.push_back(std::move(vectors));
+    if (layer.per_layer_input) {
+      state->per_layer_post_norm = to_floats(layer.per_layer_input->post_norm);
+      state->per_layer_gate = prepare(layer.per_layer_input->input_gate);
+      state->per_layer_projection = prepare(layer.per_layer_input->projection);
+    }
+    layers_.push_back(std::move(state));
   }
+  lm_head_ = prepare(weights_.lm_head);
+  if (config_.has_per_layer_inputs()) per_layer_model_projection_ = prepare(weights_.per_layer_model_projection);
   final_norm_ = to_floats(weights_.final_norm);
   per_layer_projection_norm_ = to_floats(weights_.per_layer_projection_norm);
-  // The reference casts sqrt(width) to the activation dtype before multiplying; in fp32 that is exact.
+
+  // The reference casts sqrt(width) to the embedding's compute dtype before multiplying: exact in fp32,
+  // rounded (39.25 for E2B) when the model computes in bf16.
   embed_scale_ = static_cast<float>(std::sqrt(static_cast<double>(config_.hidden_size)));
   per_layer_embed_scale_ = static_cast<float>(std::sqrt(static_cast<double>(config_.hidden_size_per_layer_input)));
+  if (weight_format_ != WeightFormat::kF32) {
+    embed_scale_ = round_to_bf16(embed_scale_);
+    per_layer_embed_scale_ = round_to_bf16(per_layer_embed_scale_);
+  }
 
-  int max_head_dim = 0, max_kv_rows = 0, max_mlp = 0;
+  int max_head_dim = 0, max_kv_row = 0, max_mlp = 0, max_group = 1;
   for (const LayerConfig& layer : config_.layers) {
     max_head_dim = std::max(max_head_dim, layer.head_dim);
-    max_kv_rows = std::max(max_kv_rows, layer.num_kv_heads * layer.head_dim);
+    max_kv_row = std::max(max_kv_row, layer.num_kv_heads * layer.head_dim);
     max_mlp = std::max(max_mlp, layer.mlp_intermediate_size);
+    max_group = std::max(max_group, layer.num_query_heads / layer.num_kv_heads);
   }
-  if (config_.enable_moe_block) max_mlp = std::max(max_mlp, 2 * config_.moe_intermediate_size);
   const size_t rows = static_cast<size_t>(options_.max_chunk_tokens);
   const size_t hidden = static_cast<size_t>(config_.hidden_size);
   const size_t packed_per_layer = static_cast<size_t>(config_.num_layers) * config_.hidden_size_per_layer_input;
@@ -73,267 +130,445 @@ Transformer::Transformer(const Model& model, const TransformerOptions& options)
   branch_.resize(rows * hidden);
   ffn_out_.resize(rows * hidden);
   moe_out_.resize(rows * hidden);
-  expert_input_.resize(hidden);
+  expert_input_.resize(rows * hidden);
   query_.resize(rows * config_.num_attention_heads * max_head_dim);
   attention_out_.resize(query_.size());
-  key_.resize(rows * max_kv_rows);
-  value_.resize(rows * max_kv_rows);
+  key_.resize(rows * max_kv_row);
+  value_.resize(rows * max_kv_row);
   gate_.resize(rows * max_mlp);
   up_.resize(rows * max_mlp);
   per_layer_inputs_.resize(rows * packed_per_layer);
-  per_layer_scratch_.resize(std::max(rows * packed_per_layer, hidden));
+  per_layer_scratch_.resize(rows * packed_per_layer);
   rope_cos_.resize(max_head_dim);
   rope_sin_.resize(max_head_dim);
-  scores_.resize(options_.context_tokens);
-  slots_.resize(options_.context_tokens);
   logits_.resize(config_.vocab_size);
-  router_logits_.resize(std::max(config_.num_experts, 1));
+  thread_scores_.resize(static_cast<size_t>(pool_.size()) * max_group * options_.context_tokens);
+  thread_slots_.resize(static_cast<size_t>(pool_.size()) * options_.context_tokens);
+  if (config_.enable_moe_block) {
+    const size_t experts = config_.num_experts, top_k = config_.top_k_experts;
+    router_inputs_.resize(rows * hidden);
+    router_logits_.resize(rows * experts);
+    chosen_experts_.resize(rows * top_k);
+    chosen_weights_.resize(rows * top_k);
+    expert_rows_.resize(rows * top_k);
+    expert_gathered_.resize(rows * hidden);
+    expert_hidden_.resize(rows * 2 * config_.moe_intermediate_size);
+    expert_output_.resize(rows * hidden);
+  }
 }
 
-void Transformer::linear(const float* x, int rows, const TensorView& weight, float* y) const {
-  reference::matmul(x, rows, weight, y);
+Transformer::~Transformer() = default;
+
+void Transformer::visit_linears(const std::function<void(const Linear&, double share)>& visit) const {
+  auto visit_present = [&](const Linear& linear, double share) {
+    if (!linear.view.empty()) visit(linear, share);
+  };
+  visit_present(lm_head_, 1.0);
+  visit_present(per_layer_model_projection_, 1.0);
+  // Each token reads top_k of the experts.
+  const double expert_share = config_.enable_moe_block ? static_cast<double>(config_.top_k_experts) / config_.num_experts : 0.0;
+  for (const auto& layer : layers_) {
+    for (const Linear* linear : {&layer->q, &layer->k, &layer->v, &layer->o, &layer->gate, &layer->up, &layer->down,
+                                 &layer->per_layer_gate, &layer->per_layer_projection, &layer->router}) {
+      visit_present(*linear, 1.0);
+    }
+    for (size_t e = 0; e < layer->expert_gate_up.size(); ++e) {
+      visit_present(layer->expert_gate_up[e], expert_share);
+      visit_present(layer->expert_down[e], expert_share);
+    }
+  }
 }
 
-void Transformer::norm_rows(const float* x, int rows, int width, const float* weight, float* out) const {
+double Transformer::weight_bytes_per_token() const {
+  double total = 0.0;
+  visit_linears([&](const Linear& linear, double share) {
+    total += share * static_cast<double>(options_.reference ? linear.view.size_bytes() : linear.fast_bytes());
+  });
+  return total;
+}
+
+double Transformer::matmul_flops_per_token() const {
+  double total = 0.0;
+  visit_linears([&](const Linear& linear, double share) { total += share * 2.0 * static_cast<double>(linear.view.element_count()); });
+  return total;
+}
+
+double Transformer::attention_flops_per_token(int position) const {
+  double total = 0.0;
+  for (const LayerConfig& layer : config_.layers) {
+    const int keys = layer.is_sliding() ? std::min(position + 1, layer.sliding_window) : position + 1;
+    total += 4.0 * layer.num_query_heads * layer.head_dim * keys;  // q.k and p.v, a multiply and an add each
+  }
+  return total;
+}
+
+size_t Transformer::owned_weight_bytes() const {
+  size_t total = 0;
+  visit_linears([&](const Linear& linear, double) {
+    total += linear.owned_bf16.size() * 2 + linear.owned_f32.size() * 4 + linear.owned_q8.size() + linear.owned_scales.size() * 4;
+  });
+  return total;
+}
+
+// ---- kernel dispatch: the only place that differs between the reference and the fast path ----
+
+void Transformer::linear(const float* x, int rows, const Linear& weight, float* y) {
+  if (options_.reference) {
+    reference::matmul(x, rows, weight.view, y);
+    return;
+  }
+  prepared_.prepare(x, rows, weight.matrix.cols, weight.matrix.format);
+  const int64_t out = weight.matrix.rows;
+  if (out * weight.matrix.cols * rows < kMinParallelMultiplyAdds) {
+    kernels::matmul(prepared_, weight.matrix, y, out, 0, out);
+    return;
+  }
+  pool_.parallel_for(out, kMatmulRowsPerTask, [&](int64_t first, int64_t last) {
+    kernels::matmul(prepared_, weight.matrix, y, out, first, last);
+  });
+}
+
+void Transformer::norm_rows(const float* x, int rows, int width, const float* weight, float* out) {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   for (int row = 0; row < rows; ++row) {
-    reference::rms_norm(x + static_cast<int64_t>(row) * width, width, weight, eps, out + static_cast<int64_t>(row) * width);
+    const float* in = x + static_cast<int64_t>(row) * width;
+    float* result = out + static_cast<int64_t>(row) * width;
+    if (options_.reference) {
+      reference::rms_norm(in, width, weight, eps, result);
+    } else {
+      kernels::rms_norm(in, width, weight, eps, result);
+    }
   }
 }
 
-std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int position, bool apply_softcap) {
-  if (tokens.empty()) fail("forward needs at least one token");
-  if (position < 0 || position + static_cast<int64_t>(tokens.size()) > options_.context_tokens) {
-    fail("positions {}..{} do not fit the context of {} tokens (--ctx)", position, position + tokens.size() - 1,
-         options_.context_tokens);
+void Transformer::gelu_multiply(float* gate, const float* up, int64_t count) {
+  if (options_.reference) {
+    for (int64_t i = 0; i < count; ++i) gate[i] = reference::gelu_tanh(gate[i]) * up[i];
+  } else {
+    kernels::gelu_tanh_multiply(gate, up, count);
   }
-  for (int32_t token : tokens) {
-    if (token < 0 || token >= config_.vocab_size) fail("token id {} is outside the vocabulary (0..{})", token, config_.vocab_size - 1);
-  }
-  for (size_t first = 0; first < tokens.size(); first += options_.max_chunk_tokens) {
-    const size_t count = std::min<size_t>(options_.max_chunk_tokens, tokens.size() - first);
-    forward_chunk(tokens.subspan(first, count), position + static_cast<int>(first));
-  }
+}
 
-  // Only the last position's logits are needed for generation.
-  const int last = static_cast<int>((tokens.size() - 1) % options_.max_chunk_tokens);
-  const int hidden = config_.hidden_size;
-  norm_rows(hidden_.data() + static_cast<int64_t>(last) * hidden, 1, hidden, final_norm_.data(), normed_.data());
-  linear(normed_.data(), 1, weights_.lm_head, logits_.data());
-  if (apply_softcap && config_.final_logit_softcapping) {
-    const float cap = static_cast<float>(*config_.final_logit_softcapping);
-    for (float& logit : logits_) logit = std::tanh(logit / cap) * cap;
+void Transformer::add_rows(float* y, const float* x, int64_t count) {
+  if (options_.reference) {
+    for (int64_t i = 0; i < count; ++i) y[i] += x[i];
+  } else {
+    kernels::add(y, x, count);
   }
+}
+
+void Transformer::store_kv(const float* source, int64_t count, std::byte* destination) {
+  kernels::store_kv_row(source, count, cache_.format(), destination);
+}
+
+// ---- the forward pass ----
+
+std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int position, bool apply_softcap, int sequence) {
+  if (tokens.empty()) fail("forward needs at least one token");
+  row_scratch_.resize(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) row_scratch_[i] = {sequence, position + static_cast<int>(i), tokens[i]};
+  const int last = static_cast<int>(tokens.size()) - 1;
+  forward(row_scratch_, std::span<const int>(&last, 1), logits_.data(), apply_softcap);
   return logits_;
 }
 
-void Transformer::forward_chunk(std::span<const int32_t> tokens, int position) {
-  const int count = static_cast<int>(tokens.size());
+void Transformer::forward(std::span<const BatchRow> rows, std::span<const int> logit_rows, float* logits, bool apply_softcap) {
+  if (rows.empty()) fail("forward needs at least one token");
+  for (const BatchRow& row : rows) {
+    if (row.sequence < 0 || row.sequence >= options_.sequences) fail("sequence {} does not exist ({} KV slots)", row.sequence, options_.sequences);
+    if (row.position < 0 || row.position >= options_.context_tokens) {
+      fail("position {} does not fit the context of {} tokens (--ctx)", row.position, options_.context_tokens);
+    }
+    if (row.token < 0 || row.token >= config_.vocab_size) fail("token id {} is outside the vocabulary (0..{})", row.token, config_.vocab_size - 1);
+  }
+  for (size_t i = 1; i < logit_rows.size(); ++i) {
+    if (logit_rows[i] <= logit_rows[i - 1]) fail("logit rows must be in increasing order");
+  }
+  const int vocab = config_.vocab_size;
+  const int hidden = config_.hidden_size;
+  size_t next_logit = 0;
+  for (size_t first = 0; first < rows.size(); first += options_.max_chunk_tokens) {
+    const size_t count = std::min<size_t>(options_.max_chunk_tokens, rows.size() - first);
+    forward_chunk(rows.subspan(first, count));
+
+    // Logits for the requested rows of this chunk: final norm, then the (tied) head, read once for all.
+    const size_t begin_logit = next_logit;
+    while (next_logit < logit_rows.size() && static_cast<size_t>(logit_rows[next_logit]) < first + count) {
+      const int row = logit_rows[next_logit] - static_cast<int>(first);
+      norm_rows(hidden_.data() + static_cast<int64_t>(row) * hidden, 1, hidden, final_norm_.data(),
+                normed_.data() + static_cast<int64_t>(next_logit - begin_logit) * hidden);
+      ++next_logit;
+    }
+    const int wanted = static_cast<int>(next_logit - begin_logit);
+    if (wanted == 0) continue;
+    float* out = logits + static_cast<int64_t>(begin_logit) * vocab;
+    linear(normed_.data(), wanted, lm_head_, out);
+    if (apply_softcap && config_.final_logit_softcapping) {
+      const float cap = static_cast<float>(*config_.final_logit_softcapping);
+      const int64_t values = static_cast<int64_t>(wanted) * vocab;
+      if (options_.reference) {
+        for (int64_t i = 0; i < values; ++i) out[i] = std::tanh(out[i] / cap) * cap;
+      } else {
+        kernels::softcap(out, values, cap);
+      }
+    }
+  }
+  if (next_logit != logit_rows.size()) fail("logit row {} is not one of the {} rows", logit_rows[next_logit], rows.size());
+}
+
+void Transformer::forward_chunk(std::span<const BatchRow> rows) {
+  const int count = static_cast<int>(rows.size());
   const int hidden = config_.hidden_size;
   const int64_t values = static_cast<int64_t>(count) * hidden;
-  embed(tokens);
-  if (config_.has_per_layer_inputs()) compute_per_layer_inputs(tokens);
+  embed(rows);
+  if (config_.has_per_layer_inputs()) compute_per_layer_inputs(rows);
 
   for (int layer = 0; layer < config_.num_layers; ++layer) {
-    const LayerVectors& vectors = layer_vectors_[layer];
+    const LayerState& state = *layers_[layer];
     // Attention block: pre-norm, attention, post-norm, residual.
-    norm_rows(hidden_.data(), count, hidden, vectors.input_norm.data(), normed_.data());
-    attention(layer, count, position);
-    norm_rows(branch_.data(), count, hidden, vectors.post_attention_norm.data(), branch_.data());
-    for (int64_t i = 0; i < values; ++i) hidden_[i] += branch_[i];
+    norm_rows(hidden_.data(), count, hidden, state.input_norm.data(), normed_.data());
+    attention(layer, rows);
+    norm_rows(branch_.data(), count, hidden, state.post_attention_norm.data(), branch_.data());
+    add_rows(hidden_.data(), branch_.data(), values);
 
     feed_forward(layer, count);
     if (config_.has_per_layer_inputs()) per_layer_input_block(layer, count);
 
     // layer_scalar scales the whole residual stream, not only this layer's contribution.
-    for (int64_t i = 0; i < values; ++i) hidden_[i] *= vectors.layer_scalar;
+    for (int64_t i = 0; i < values; ++i) hidden_[i] *= state.layer_scalar;
   }
 }
 
-void Transformer::embed(std::span<const int32_t> tokens) {
+void Transformer::embed(std::span<const BatchRow> rows) {
   const int hidden = config_.hidden_size;
-  for (size_t t = 0; t < tokens.size(); ++t) {
+  for (size_t t = 0; t < rows.size(); ++t) {
     float* row = hidden_.data() + t * hidden;
-    weights_.embed_tokens.read_floats(static_cast<int64_t>(tokens[t]) * hidden, hidden, row);
+    weights_.embed_tokens.read_floats(static_cast<int64_t>(rows[t].token) * hidden, hidden, row);
     for (int i = 0; i < hidden; ++i) row[i] *= embed_scale_;
   }
 }
 
 // Per-Layer Embeddings (architecture doc §2.2): a token-identity part gathered from the packed table and a
 // context part projected from the scaled main embedding, each layer's slice normalised separately.
-void Transformer::compute_per_layer_inputs(std::span<const int32_t> tokens) {
-  const int count = static_cast<int>(tokens.size());
+void Transformer::compute_per_layer_inputs(std::span<const BatchRow> rows) {
+  const int count = static_cast<int>(rows.size());
   const int hidden = config_.hidden_size;
   const int width = config_.hidden_size_per_layer_input;
   const int64_t packed = static_cast<int64_t>(config_.num_layers) * width;
   float* projected = per_layer_scratch_.data();
-  linear(hidden_.data(), count, weights_.per_layer_model_projection, projected);
+  linear(hidden_.data(), count, per_layer_model_projection_, projected);
   const float projection_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hidden)));
   const float combine_scale = static_cast<float>(1.0 / std::sqrt(2.0));
-  std::vector<float> token_part(static_cast<size_t>(packed));
   for (int t = 0; t < count; ++t) {
-    const int32_t token = tokens[t];
+    const int32_t token = rows[t].token;
     if (token >= config_.vocab_size_per_layer_input) {
       fail("token id {} is outside the per-layer embedding table ({} rows)", token, config_.vocab_size_per_layer_input);
     }
-    weights_.embed_tokens_per_layer.read_floats(static_cast<int64_t>(token) * packed, packed, token_part.data());
     float* context_part = projected + t * packed;
     for (int64_t i = 0; i < packed; ++i) context_part[i] *= projection_scale;
     norm_rows(context_part, config_.num_layers, width, per_layer_projection_norm_.data(), context_part);
     float* out = per_layer_inputs_.data() + t * packed;
-    for (int64_t i = 0; i < packed; ++i) out[i] = (context_part[i] + token_part[i] * per_layer_embed_scale_) * combine_scale;
+    // Gathered straight from the memory-mapped table: the table is never copied or converted.
+    weights_.embed_tokens_per_layer.read_floats(static_cast<int64_t>(token) * packed, packed, out);
+    for (int64_t i = 0; i < packed; ++i) out[i] = (context_part[i] + out[i] * per_layer_embed_scale_) * combine_scale;
   }
 }
 
-void Transformer::attention(int layer, int count, int position) {
+void Transformer::attention(int layer, std::span<const BatchRow> rows) {
+  const int count = static_cast<int>(rows.size());
   const LayerConfig& geometry = config_.layers[layer];
-  const AttentionWeights& weights = weights_.layers[layer].attention;
-  const LayerVectors& vectors = layer_vectors_[layer];
+  const LayerState& state = *layers_[layer];
   const int head_dim = geometry.head_dim;
   const int query_heads = geometry.num_query_heads;
   const int kv_heads = geometry.num_kv_heads;
   const int groups = query_heads / kv_heads;
   const int64_t query_row = static_cast<int64_t>(query_heads) * head_dim;
   const int64_t kv_row = static_cast<int64_t>(kv_heads) * head_dim;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
   const RopeTable& rope = geometry.is_sliding() ? rope_sliding_ : rope_full_;
+  const bool owns_kv = geometry.owns_kv(layer);
+  const size_t element_bytes = cache_.element_bytes();
 
-  linear(normed_.data(), count, weights.q_proj, query_.data());
-  if (geometry.owns_kv(layer)) {
-    linear(normed_.data(), count, weights.k_proj, key_.data());
+  linear(normed_.data(), count, state.q, query_.data());
+  if (owns_kv) {
+    linear(normed_.data(), count, state.k, key_.data());
     if (geometry.k_eq_v) {
       // K=V layers: V is the raw k_proj output, taken before k_norm and RoPE touch K.
       std::copy(key_.begin(), key_.begin() + count * kv_row, value_.begin());
     } else {
-      linear(normed_.data(), count, weights.v_proj, value_.data());
+      linear(normed_.data(), count, state.v, value_.data());
     }
   }
 
-  float* cache_keys = cache_.keys(layer);
-  float* cache_values = cache_.values(layer);
   for (int t = 0; t < count; ++t) {
-    const int token_position = position + t;
-    rope.angles(token_position, rope_cos_.data(), rope_sin_.data());
-    for (int head = 0; head < query_heads; ++head) {
-      float* q = query_.data() + t * query_row + static_cast<int64_t>(head) * head_dim;
-      reference::rms_norm(q, head_dim, vectors.q_norm.data(), eps, q);
-      reference::apply_rope(q, head_dim, rope_cos_.data(), rope_sin_.data());
+    const BatchRow& row = rows[t];
+    rope.angles(row.position, rope_cos_.data(), rope_sin_.data());
+    float* queries = query_.data() + t * query_row;
+    norm_rows(queries, query_heads, head_dim, state.q_norm.data(), queries);
+    if (options_.reference) {
+      for (int head = 0; head < query_heads; ++head) reference::apply_rope(queries + head * head_dim, head_dim, rope_cos_.data(), rope_sin_.data());
+    } else {
+      kernels::apply_rope(queries, query_heads, head_dim, rope_cos_.data(), rope_sin_.data());
     }
-    if (!geometry.owns_kv(layer)) continue;
-    const int slot = cache_.slot(layer, token_position);
-    for (int head = 0; head < kv_heads; ++head) {
-      float* k = key_.data() + t * kv_row + static_cast<int64_t>(head) * head_dim;
-      float* v = value_.data() + t * kv_row + static_cast<int64_t>(head) * head_dim;
-      reference::rms_norm(k, head_dim, vectors.k_norm.data(), eps, k);
-      reference::apply_rope(k, head_dim, rope_cos_.data(), rope_sin_.data());
-      reference::rms_norm(v, head_dim, nullptr, eps, v);  // v_norm has no weight
+    if (!owns_kv) continue;
+    float* keys = key_.data() + t * kv_row;
+    float* values = value_.data() + t * kv_row;
+    norm_rows(keys, kv_heads, head_dim, state.k_norm.data(), keys);
+    if (options_.reference) {
+      for (int head = 0; head < kv_heads; ++head) reference::apply_rope(keys + head * head_dim, head_dim, rope_cos_.data(), rope_sin_.data());
+    } else {
+      kernels::apply_rope(keys, kv_heads, head_dim, rope_cos_.data(), rope_sin_.data());
     }
-    std::copy(key_.begin() + t * kv_row, key_.begin() + (t + 1) * kv_row, cache_keys + slot * kv_row);
-    std::copy(value_.begin() + t * kv_row, value_.begin() + (t + 1) * kv_row, cache_values + slot * kv_row);
+    norm_rows(values, kv_heads, head_dim, nullptr, values);  // v_norm has no weight
+    const int64_t offset = static_cast<int64_t>(cache_.slot(layer, row.position)) * kv_row * element_bytes;
+    store_kv(keys, kv_row, cache_.keys(row.sequence, layer) + offset);
+    store_kv(values, kv_row, cache_.values(row.sequence, layer) + offset);
   }
 
-  // Every query sees keys up to itself; sliding layers only the last sliding_window of them.
-  for (int t = 0; t < count; ++t) {
-    const int token_position = position + t;
-    const int first_key = geometry.is_sliding() ? std::max(0, token_position - geometry.sliding_window + 1) : 0;
-    const int key_count = token_position - first_key + 1;
-    for (int k = 0; k < key_count; ++k) slots_[k] = cache_.slot(layer, first_key + k);
-    const std::span<const int32_t> slots(slots_.data(), key_count);
-    for (int head = 0; head < query_heads; ++head) {
-      const int kv_head = head / groups;
-      reference::attend(query_.data() + t * query_row + static_cast<int64_t>(head) * head_dim, head_dim,
-                        cache_keys + static_cast<int64_t>(kv_head) * head_dim, cache_values + static_cast<int64_t>(kv_head) * head_dim,
-                        kv_row, slots, scores_.data(),
-                        attention_out_.data() + t * query_row + static_cast<int64_t>(head) * head_dim);
+  // Every query sees its sequence's keys up to itself; sliding layers only the last sliding_window.
+  // One task per (row, KV head): the group of query heads sharing that KV head reads its rows once.
+  const int context = options_.context_tokens;
+  const int64_t tasks = static_cast<int64_t>(count) * kv_heads;
+  auto attend_tasks = [&](int thread, int threads) {
+    float* scores = thread_scores_.data() + static_cast<size_t>(thread) * thread_scores_.size() / pool_.size();
+    int32_t* slots = thread_slots_.data() + static_cast<size_t>(thread) * context;
+    for (int64_t task = thread; task < tasks; task += threads) {
+      const int t = static_cast<int>(task / kv_heads);
+      const int kv_head = static_cast<int>(task % kv_heads);
+      const BatchRow& row = rows[t];
+      const int first_key = geometry.is_sliding() ? std::max(0, row.position - geometry.sliding_window + 1) : 0;
+      const int key_count = row.position - first_key + 1;
+      for (int k = 0; k < key_count; ++k) slots[k] = cache_.slot(layer, first_key + k);
+      const std::span<const int32_t> slot_list(slots, key_count);
+      const std::byte* keys = cache_.keys(row.sequence, layer) + static_cast<int64_t>(kv_head) * head_dim * element_bytes;
+      const std::byte* values = cache_.values(row.sequence, layer) + static_cast<int64_t>(kv_head) * head_dim * element_bytes;
+      const float* queries = query_.data() + t * query_row + static_cast<int64_t>(kv_head) * groups * head_dim;
+      float* out = attention_out_.data() + t * query_row + static_cast<int64_t>(kv_head) * groups * head_dim;
+      if (options_.reference) {
+        for (int g = 0; g < groups; ++g) {
+          reference::attend(queries + g * head_dim, head_dim, reinterpret_cast<const float*>(keys), reinterpret_cast<const float*>(values),
+                            kv_row, slot_list, scores, out + g * head_dim);
+        }
+      } else {
+        kernels::attend_group(queries, groups, head_dim, keys, values, cache_.format(), kv_row, slot_list, scores, out);
+      }
     }
+  };
+  // Short contexts of small models are cheaper on one thread than waking the pool.
+  const int64_t work = tasks * groups * head_dim * (rows.back().position + 1);
+  if (work < kMinParallelMultiplyAdds) {
+    attend_tasks(0, 1);
+  } else {
+    pool_.run(attend_tasks);
   }
-  linear(attention_out_.data(), count, weights.o_proj, branch_.data());
+  linear(attention_out_.data(), count, state.o, branch_.data());
 }
 
 void Transformer::feed_forward(int layer, int count) {
   const LayerConfig& geometry = config_.layers[layer];
-  const LayerWeights& weights = weights_.layers[layer];
-  const LayerVectors& vectors = layer_vectors_[layer];
+  const LayerState& state = *layers_[layer];
   const int hidden = config_.hidden_size;
   const int64_t values = static_cast<int64_t>(count) * hidden;
   const int64_t width = geometry.mlp_intermediate_size;
 
-  norm_rows(hidden_.data(), count, hidden, vectors.pre_feedforward_norm.data(), normed_.data());
-  linear(normed_.data(), count, weights.mlp.gate_proj, gate_.data());
-  linear(normed_.data(), count, weights.mlp.up_proj, up_.data());
-  for (int64_t i = 0; i < count * width; ++i) gate_[i] = reference::gelu_tanh(gate_[i]) * up_[i];
-  linear(gate_.data(), count, weights.mlp.down_proj, ffn_out_.data());
+  norm_rows(hidden_.data(), count, hidden, state.pre_feedforward_norm.data(), normed_.data());
+  linear(normed_.data(), count, state.gate, gate_.data());
+  linear(normed_.data(), count, state.up, up_.data());
+  gelu_multiply(gate_.data(), up_.data(), count * width);
+  linear(gate_.data(), count, state.down, ffn_out_.data());
 
-  if (weights.moe) {
+  if (config_.enable_moe_block) {
     // The dense MLP and the experts run side by side on the same residual, each with its own norms.
-    norm_rows(ffn_out_.data(), count, hidden, vectors.post_feedforward_norm_1.data(), ffn_out_.data());
-    mixture_of_experts(layer, count, moe_out_.data());
-    norm_rows(moe_out_.data(), count, hidden, vectors.post_feedforward_norm_2.data(), moe_out_.data());
-    for (int64_t i = 0; i < values; ++i) ffn_out_[i] += moe_out_[i];
+    norm_rows(ffn_out_.data(), count, hidden, state.post_feedforward_norm_1.data(), ffn_out_.data());
+    mixture_of_experts(layer, count);
+    norm_rows(moe_out_.data(), count, hidden, state.post_feedforward_norm_2.data(), moe_out_.data());
+    add_rows(ffn_out_.data(), moe_out_.data(), values);
   }
-  norm_rows(ffn_out_.data(), count, hidden, vectors.post_feedforward_norm.data(), ffn_out_.data());
-  for (int64_t i = 0; i < values; ++i) hidden_[i] += ffn_out_[i];
+  norm_rows(ffn_out_.data(), count, hidden, state.post_feedforward_norm.data(), ffn_out_.data());
+  add_rows(hidden_.data(), ffn_out_.data(), values);
 }
 
 // MoE (architecture doc §5): the router reads the raw residual; softmax over all experts, top-k,
-// renormalise, then the per-expert scale. Experts read their own pre-norm of the residual.
-void Transformer::mixture_of_experts(int layer, int count, float* out) {
-  const MoeWeights& moe = *weights_.layers[layer].moe;
-  const LayerVectors& vectors = layer_vectors_[layer];
+// renormalise, then the per-expert scale. Experts read their own pre-norm of the residual. Rows are
+// grouped by expert so each selected expert's weights are read once per step.
+void Transformer::mixture_of_experts(int layer, int count) {
+  const LayerState& state = *layers_[layer];
   const int hidden = config_.hidden_size;
   const int experts = config_.num_experts;
   const int top_k = config_.top_k_experts;
   const int64_t expert_width = config_.moe_intermediate_size;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
   const float router_input_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hidden)));
-  std::vector<float> router_input(hidden), expert_output(hidden);
-  std::vector<int> order(experts);
 
+  norm_rows(hidden_.data(), count, hidden, nullptr, router_inputs_.data());
   for (int t = 0; t < count; ++t) {
-    const float* residual = hidden_.data() + static_cast<int64_t>(t) * hidden;
-    reference::rms_norm(residual, hidden, nullptr, eps, router_input.data());
-    for (int i = 0; i < hidden; ++i) router_input[i] = router_input[i] * vectors.router_scale[i] * router_input_scale;
-    linear(router_input.data(), 1, moe.router_proj, router_logits_.data());
-    reference::softmax(router_logits_.data(), experts);
-
+    float* input = router_inputs_.data() + static_cast<int64_t>(t) * hidden;
+    for (int i = 0; i < hidden; ++i) input[i] = input[i] * state.router_scale[i] * router_input_scale;
+  }
+  linear(router_inputs_.data(), count, state.router, router_logits_.data());
+  for (int t = 0; t < count; ++t) {
+    float* probabilities = router_logits_.data() + static_cast<int64_t>(t) * experts;
+    reference::softmax(probabilities, experts);
     // Top-k by probability; equal probabilities prefer the lower expert index.
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int a, int b) {
-      return router_logits_[a] != router_logits_[b] ? router_logits_[a] > router_logits_[b] : a < b;
-    });
-    std::vector<int> chosen(order.begin(), order.begin() + top_k);
-    float chosen_total = 0.0f;
-    for (int expert : chosen) chosen_total += router_logits_[expert];
-    std::sort(chosen.begin(), chosen.end());  // experts are applied in ascending index order
+    int* chosen = chosen_experts_.data() + t * top_k;
+    for (int k = 0; k < top_k; ++k) {
+      int best = -1;
+      for (int e = 0; e < experts; ++e) {
+        if (std::find(chosen, chosen + k, e) != chosen + k) continue;
+        if (best < 0 || probabilities[e] > probabilities[best]) best = e;
+      }
+      chosen[k] = best;
+    }
+    float total = 0.0f;
+    for (int k = 0; k < top_k; ++k) total += probabilities[chosen[k]];
+    for (int k = 0; k < top_k; ++k) chosen_weights_[t * top_k + k] = probabilities[chosen[k]] / total * state.per_expert_scale[chosen[k]];
+  }
 
-    reference::rms_norm(residual, hidden, vectors.pre_feedforward_norm_2.data(), eps, expert_input_.data());
-    float* token_out = out + static_cast<int64_t>(t) * hidden;
-    std::fill(token_out, token_out + hidden, 0.0f);
-    for (int expert : chosen) {
-      const float weight = router_logits_[expert] / chosen_total * vectors.per_expert_scale[expert];
-      linear(expert_input_.data(), 1, moe.gate_up_proj.slice(expert), gate_.data());
-      for (int64_t i = 0; i < expert_width; ++i) gate_[i] = reference::gelu_tanh(gate_[i]) * gate_[expert_width + i];
-      linear(gate_.data(), 1, moe.down_proj.slice(expert), expert_output.data());
-      for (int i = 0; i < hidden; ++i) token_out[i] += expert_output[i] * weight;
+  norm_rows(hidden_.data(), count, hidden, state.pre_feedforward_norm_2.data(), expert_input_.data());
+  std::fill(moe_out_.begin(), moe_out_.begin() + static_cast<int64_t>(count) * hidden, 0.0f);
+  // Experts in ascending index order, each over the rows that chose it (the reference's accumulation order).
+  for (int expert = 0; expert < experts; ++expert) {
+    int rows_for_expert = 0;
+    for (int t = 0; t < count; ++t) {
+      for (int k = 0; k < top_k; ++k) {
+        if (chosen_experts_[t * top_k + k] == expert) expert_rows_[rows_for_expert++] = t * top_k + k;
+      }
+    }
+    if (rows_for_expert == 0) continue;
+    for (int r = 0; r < rows_for_expert; ++r) {
+      const int t = expert_rows_[r] / top_k;
+      std::copy_n(expert_input_.data() + static_cast<int64_t>(t) * hidden, hidden, expert_gathered_.data() + static_cast<int64_t>(r) * hidden);
+    }
+    linear(expert_gathered_.data(), rows_for_expert, state.expert_gate_up[expert], expert_hidden_.data());
+    // gate_up rows hold [gate | up]; compact the activated product to [rows, expert_width].
+    for (int r = 0; r < rows_for_expert; ++r) {
+      float* gate_up = expert_hidden_.data() + static_cast<int64_t>(r) * 2 * expert_width;
+      gelu_multiply(gate_up, gate_up + expert_width, expert_width);
+      std::copy_n(gate_up, expert_width, gate_.data() + static_cast<int64_t>(r) * expert_width);
+    }
+    linear(gate_.data(), rows_for_expert, state.expert_down[expert], expert_output_.data());
+    for (int r = 0; r < rows_for_expert; ++r) {
+      const int t = expert_rows_[r] / top_k;
+      const float weight = chosen_weights_[expert_rows_[r]];
+      float* out = moe_out_.data() + static_cast<int64_t>(t) * hidden;
+      const float* y = expert_output_.data() + static_cast<int64_t>(r) * hidden;
+      for (int i = 0; i < hidden; ++i) out[i] += y[i] * weight;
     }
   }
 }
 
 void Transformer::per_layer_input_block(int layer, int count) {
-  const PerLayerInputWeights& weights = *weights_.layers[layer].per_layer_input;
-  const LayerVectors& vectors = layer_vectors_[layer];
+  const LayerState& state = *layers_[layer];
   const int hidden = config_.hidden_size;
   const int width = config_.hidden_size_per_layer_input;
   const int64_t packed = static_cast<int64_t>(config_.num_layers) * width;
   float* gate = per_layer_scratch_.data();
-  linear(hidden_.data(), count, weights.input_gate, gate);
+  linear(hidden_.data(), count, state.per_layer_gate, gate);
   for (int t = 0; t < count; ++t) {
     const float* per_layer_input = per_layer_inputs_.data() + t * packed + static_cast<int64_t>(layer) * width;
-    for (int i = 0; i < width; ++i) gate[t * width + i] = reference::gelu_tanh(gate[t * width + i]) * per_layer_input[i];
+    gelu_multiply(gate + static_cast<int64_t>(t) * width, per_layer_input, width);
   }
-  linear(gate, count, weights.projection, branch_.data());
-  norm_rows(branch_.data(), count, hidden, vectors.per_layer_post_norm.data(), branch_.data());
-  for (int64_t i = 0; i < static_cast<int64_t>(count) * hidden; ++i) hidden_[i] += branch_[i];
+  linear(gate, count, state.per_layer_projection, branch_.data());
+  norm_rows(branch_.data(), count, hidden, state.per_layer_post_norm.data(), branch_.data());
+  add_rows(hidden_.data(), branch_.data(), static_cast<int64_t>(count) * hidden);
 }
 
 }  // namespace gemma4rt

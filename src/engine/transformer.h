@@ -1,75 +1,129 @@
 // The Gemma-4 forward pass, written once for every variant and driven by ModelConfig. Word and
-// per-layer embeddings are gathered on the host from the memory-mapped tables; the KV cache and all
+// per-layer embeddings are gathered on the host from the memory-mapped tables; the KV cache and the
 // scratch activations are allocated at construction, so prefill and decode allocate nothing.
+//
+// Two kernel paths run the same forward:
+//  - reference: scalar fp32 kernels reading weights as stored, fp32 KV cache. This is the path
+//    verification and the golden tests hold to the Hugging Face reference.
+//  - fast: SIMD kernels chosen at run time, weights in f32, bf16 or q8, bf16 KV cache by default,
+//    matrix work spread over a persistent thread pool.
+//
+// A forward call takes rows: (sequence, position, token) triples. A prefill chunk is many rows of one
+// sequence; a batched decode step is one row for each of several sequences, so every weight is read
+// once for all of them.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "engine/kv_cache.h"
+#include "engine/linear.h"
 #include "engine/rope.h"
 #include "model/weights.h"
 
 namespace gemma4rt {
 
-struct TransformerOptions {
-  int context_tokens = 4096;    // KV cache length: positions 0 .. context_tokens-1
-  int max_chunk_tokens = 64;    // prefill processes the prompt in chunks of at most this many tokens
+struct EngineOptions {
+  int context_tokens = 4096;    // KV cache positions per sequence
+  int max_chunk_tokens = 0;     // rows per forward pass (prefill chunk); 0 = 64 reference / 256 fast
+  int sequences = 1;            // independent KV slots (batched decode)
+  int threads = 0;              // 0 = one per hardware thread
+  bool reference = false;       // scalar fp32 reference kernels
+  std::optional<WeightFormat> weight_format;   // fast path; default: the checkpoint's dtype (f16 -> bf16)
+  std::optional<KvFormat> kv_format;           // default bf16 (fast) / f32 (reference)
+};
+
+struct BatchRow {
+  int sequence = 0;
+  int position = 0;
+  int32_t token = 0;
 };
 
 class Transformer {
  public:
-  Transformer(const Model& model, const TransformerOptions& options);
+  Transformer(const Model& model, const EngineOptions& options);
+  ~Transformer();
 
-  // Runs `tokens` at positions [position, position + tokens.size()) and returns the logits of the last
-  // one (vocab_size floats, valid until the next call). The final softcap is applied when asked:
-  // greedy decoding may skip it because tanh is monotonic.
-  std::span<const float> forward(std::span<const int32_t> tokens, int position, bool apply_softcap = true);
+  // Runs the rows (rows of one sequence in increasing position order; all earlier positions of each
+  // sequence must already be in its cache) and writes vocab_size logits for each row listed in
+  // `logit_rows` to `logits`, in that order. The final softcap is applied when asked: greedy decoding
+  // may skip it because tanh is monotonic.
+  void forward(std::span<const BatchRow> rows, std::span<const int> logit_rows, float* logits, bool apply_softcap = true);
+
+  // One sequence's tokens at positions [position, position + size): returns the last token's logits,
+  // valid until the next call.
+  std::span<const float> forward(std::span<const int32_t> tokens, int position, bool apply_softcap = true, int sequence = 0);
 
   const ModelConfig& config() const { return config_; }
   int context_tokens() const { return options_.context_tokens; }
+  int max_chunk_tokens() const { return options_.max_chunk_tokens; }
+  int sequences() const { return options_.sequences; }
+  const EngineOptions& options() const { return options_; }
+  bool reference() const { return options_.reference; }
+  WeightFormat weight_format() const { return weight_format_; }
   const KvCache& kv_cache() const { return cache_; }
+  ThreadPool& thread_pool() { return pool_; }
+  // Bytes of weights one decode step reads (every used matrix, experts at their top-k share, the head).
+  double weight_bytes_per_token() const;
+  // Weight bytes this engine holds beyond the memory map (converted or quantised copies).
+  size_t owned_weight_bytes() const;
+  // Floating-point operations of one token's matrix products, and of its attention at `position`.
+  double matmul_flops_per_token() const;
+  double attention_flops_per_token(int position) const;
 
  private:
-  // Norm weights and scalars of one layer, converted to floats once at load.
-  struct LayerVectors {
-    std::vector<float> input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
-    std::vector<float> q_norm, k_norm;
-    std::vector<float> router_scale, per_expert_scale, pre_feedforward_norm_2, post_feedforward_norm_1,
-        post_feedforward_norm_2;
-    std::vector<float> per_layer_post_norm;
-    float layer_scalar = 1.0f;
-  };
-  void forward_chunk(std::span<const int32_t> tokens, int position);
-  void embed(std::span<const int32_t> tokens);
-  void compute_per_layer_inputs(std::span<const int32_t> tokens);
-  void attention(int layer, int tokens, int position);
-  void feed_forward(int layer, int tokens);
-  void mixture_of_experts(int layer, int tokens, float* out);
-  void per_layer_input_block(int layer, int tokens);
-  void linear(const float* x, int rows, const TensorView& weight, float* y) const;
-  void norm_rows(const float* x, int rows, int width, const float* weight, float* out) const;
+  struct LayerState;
+  // Calls visit(linear, share) for every weight matrix a token reads; share < 1 for experts (top-k of all).
+  void visit_linears(const std::function<void(const Linear&, double share)>& visit) const;
+  void forward_chunk(std::span<const BatchRow> rows);
+  void embed(std::span<const BatchRow> rows);
+  void compute_per_layer_inputs(std::span<const BatchRow> rows);
+  void attention(int layer, std::span<const BatchRow> rows);
+  void feed_forward(int layer, int count);
+  void mixture_of_experts(int layer, int count);
+  void per_layer_input_block(int layer, int count);
+  void linear(const float* x, int rows, const Linear& weight, float* y);
+  void norm_rows(const float* x, int rows, int width, const float* weight, float* out);
+  void gelu_multiply(float* gate, const float* up, int64_t count);
+  void add_rows(float* y, const float* x, int64_t count);
+  void store_kv(const float* source, int64_t count, std::byte* destination);
 
   const Model& model_;
   const ModelConfig& config_;
   const ModelWeights& weights_;
-  TransformerOptions options_;
+  EngineOptions options_;
+  WeightFormat weight_format_ = WeightFormat::kF32;
+  ThreadPool pool_;
   KvCache cache_;
   RopeTable rope_sliding_;
   RopeTable rope_full_;
-  std::vector<LayerVectors> layer_vectors_;
+  std::vector<std::unique_ptr<LayerState>> layers_;
+  Linear lm_head_;
+  Linear per_layer_model_projection_;
   std::vector<float> final_norm_;
   std::vector<float> per_layer_projection_norm_;
   float embed_scale_ = 1.0f;
   float per_layer_embed_scale_ = 1.0f;
+  kernels::PreparedActivations prepared_;
 
-  // Scratch, sized for max_chunk_tokens rows.
+  // Scratch, sized for max_chunk_tokens rows at construction.
   std::vector<float> hidden_, normed_, branch_, query_, key_, value_, attention_out_;
   std::vector<float> gate_, up_, ffn_out_, moe_out_, expert_input_, per_layer_inputs_, per_layer_scratch_;
-  std::vector<float> rope_cos_, rope_sin_, scores_, logits_, router_logits_;
-  std::vector<int32_t> slots_;
+  std::vector<float> rope_cos_, rope_sin_, logits_, router_inputs_, router_logits_;
+  std::vector<float> thread_scores_;     // attention scores, one block per thread
+  std::vector<int32_t> thread_slots_;    // attention slot lists, one block per thread
+  std::vector<int32_t> token_scratch_;
+  std::vector<BatchRow> row_scratch_;
+  // MoE routing scratch: per row the chosen experts and weights; per expert its rows.
+  std::vector<int> chosen_experts_;
+  std::vector<float> chosen_weights_;
+  std::vector<int> expert_rows_;
+  std::vector<float> expert_gathered_, expert_hidden_, expert_output_;
 };
 
 }  // namespace gemma4rt

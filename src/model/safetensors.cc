@@ -157,8 +157,10 @@ TensorView Checkpoint::view(const StoredTensor& stored) {
     view.dtype = DType::kBF16;
   } else if (stored.dtype_name == "F16") {
     view.dtype = DType::kF16;
+  } else if (stored.dtype_name == "I8") {
+    view.dtype = DType::kQ8;  // the caller attaches the block scales stored beside it
   } else {
-    fail("{}: tensor {} has dtype {}; gemma4rt reads F32, BF16 and F16", stored.file->string(), stored.name, stored.dtype_name);
+    fail("{}: tensor {} has dtype {}; gemma4rt reads F32, BF16, F16 and I8 (q8 with scales)", stored.file->string(), stored.name, stored.dtype_name);
   }
   return view;
 }

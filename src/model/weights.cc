@@ -34,11 +34,28 @@ class TensorResolver {
       return {};
     }
     try {
-      return Checkpoint::view(*stored);
+      TensorView view = Checkpoint::view(*stored);
+      if (view.dtype == DType::kQ8) attach_q8_scales(view);
+      return view;
     } catch (const Error& error) {
       problems_.push_back(error.what());
       return {};
     }
+  }
+
+  // A q8 tensor NAME stores its block scales as F32 tensor NAME_scale: [..., ceil(last dim / 32)].
+  void attach_q8_scales(TensorView& view) {
+    const std::string scale_name = view.name + "_scale";
+    const StoredTensor* scales = checkpoint_.find(scale_name);
+    std::vector<int64_t> expected = view.shape;
+    expected.back() = (expected.back() + kQ8BlockValues - 1) / kQ8BlockValues;
+    if (scales == nullptr) fail("q8 tensor {} has no block scales {}", view.name, scale_name);
+    if (scales->dtype_name != "F32" || scales->shape != expected) {
+      fail("q8 block scales {} must be F32 of shape {}, got {} {}", scale_name, shape_to_string(expected), scales->dtype_name,
+           shape_to_string(scales->shape));
+    }
+    used_.insert(scale_name);
+    view.q8_scales = reinterpret_cast<const float*>(scales->data);
   }
 
   const Checkpoint& checkpoint_;

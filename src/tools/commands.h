@@ -12,5 +12,8 @@ using Action = std::function<int()>;
 
 Action add_run_command(CLI::App& app);
 Action add_tokenize_command(CLI::App& app);
+Action add_make_model_command(CLI::App& app);
+Action add_bench_command(CLI::App& app);
+Action add_serve_command(CLI::App& app);
 
 }  // namespace gemma4rt::tools

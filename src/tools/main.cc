@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   };
   add(gemma4rt::tools::add_run_command);
   add(gemma4rt::tools::add_tokenize_command);
+  add(gemma4rt::tools::add_make_model_command);
+  add(gemma4rt::tools::add_bench_command);
+  add(gemma4rt::tools::add_serve_command);
 
   try {
     app.parse(argc, argv);

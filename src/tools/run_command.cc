@@ -12,6 +12,7 @@
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
+#include "tools/engine_flags.h"
 #include "tools/token_list.h"
 
 namespace gemma4rt::tools {
@@ -30,6 +31,7 @@ struct RunFlags {
   bool ignore_eos = false;
   int context_tokens = 4096;
   bool json = false;
+  EngineFlags engine;
 };
 
 Tokenizer load_tokenizer_for(const std::filesystem::path& model_dir, const char* why) {
@@ -76,12 +78,12 @@ int run(const RunFlags& flags) {
     if (id >= config.vocab_size) fail("--prompt-ids: token id {} is outside the vocabulary (0..{})", id, config.vocab_size - 1);
   }
 
-  TransformerOptions transformer_options;
-  transformer_options.context_tokens = flags.context_tokens;
   if (static_cast<int64_t>(prompt_tokens.size()) > flags.context_tokens) {
     fail("the prompt has {} tokens but --ctx is {}: raise --ctx or shorten the prompt", prompt_tokens.size(), flags.context_tokens);
   }
-  Transformer transformer(*model, transformer_options);
+  EngineOptions engine_options = flags.engine.options();
+  engine_options.context_tokens = flags.context_tokens;
+  Transformer transformer(*model, engine_options);
 
   GenerationOptions options;
   options.max_tokens = flags.max_tokens;
@@ -147,6 +149,7 @@ Action add_run_command(CLI::App& app) {
   command->add_option("--seed", flags->seed, "Random seed for sampling");
   command->add_flag("--ignore-eos", flags->ignore_eos, "Do not stop on the checkpoint's end-of-sequence tokens");
   command->add_option("--ctx", flags->context_tokens, "Context length: KV cache positions allocated at load")->check(CLI::PositiveNumber);
+  flags->engine.add_to(*command);
   command->add_flag("--json", flags->json, "Print one JSON object with tokens, text, finish reason and timings");
   command->callback([command] {
     if (command->count("--prompt") + command->count("--chat") + command->count("--prompt-ids") != 1) {

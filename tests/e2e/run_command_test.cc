@@ -36,7 +36,7 @@ TEST_P(RunGolden, PromptIdsJsonGivesReferenceGreedyTokens) {
     SCOPED_TRACE(prompt["name"].get<std::string>());
     const auto expected = prompt["greedy"]["tokens"].get<std::vector<int>>();
     const nlohmann::json output = run_json({"--model", model_dir.string(), "--prompt-ids", join_ids(prompt["input_ids"].get<std::vector<int>>()),
-                                            "--ignore-eos", "--max-tokens", std::to_string(expected.size()), "--ctx", "128"});
+                                            "--ignore-eos", "--max-tokens", std::to_string(expected.size()), "--ctx", "128", "--reference"});
     ASSERT_TRUE(output.contains("tokens"));
     EXPECT_EQ(output["prompt_tokens"], prompt["input_ids"]);
     EXPECT_EQ(output["tokens"].get<std::vector<int>>(), expected);

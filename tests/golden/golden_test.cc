@@ -37,7 +37,8 @@ TEST_P(GoldenModel, GreedyTokensAndLogitsMatchReference) {
     SCOPED_TRACE("prompt " + prompt["name"].get<std::string>());
     const auto input_ids = prompt["input_ids"].get<std::vector<int32_t>>();
     const auto expected_tokens = prompt["greedy"]["tokens"].get<std::vector<int32_t>>();
-    TransformerOptions options;
+    EngineOptions options;
+    options.reference = true;
     options.context_tokens = 128;
     options.max_chunk_tokens = 16;  // smaller than the 20- and 40-token prompts: chunked prefill is exercised
     Transformer transformer(*model, options);

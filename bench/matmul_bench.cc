@@ -1,0 +1,378 @@
+// Matmul microbenchmarks (Google Benchmark).
+//
+//   ReadBandwidth/threads:N    the memory read probe: 512-bit loads, 8 independent accumulators, each
+//                              thread streaming its half of a 1 GiB buffer (>> L3). Decode's ceiling.
+//   PeakBf16/threads:N         vdpbf16ps on registers only: the compute ceiling for bf16 prefill.
+//   Decode/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
+//                              memory-bound GEMV / small batches. Shapes that fit in L3 rotate over
+//                              copies of the weight totalling >= 256 MiB, as a decode step streams every
+//                              layer's weights. Counters: GB/s of weight bytes read, % of the probe with
+//                              the same thread count, tok/s if this matmul were the whole step.
+//   Prefill/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
+//                              compute-bound; GFLOP/s counts 2 * tokens * rows * cols.
+//   Prepare/<fmt>/...          the once-per-matmul activation conversion.
+// Threads: the calling thread plus persistent std::threads, each taking an equal share of the rows
+// (a multiple of 16 rows), as the engine's pool does.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/matmul.h"
+
+namespace gemma4rt::kernels {
+namespace {
+
+// ---- a persistent fork-join runner: worker threads spin (then yield) between jobs ----
+
+class Runner {
+ public:
+  explicit Runner(int threads) {
+    for (int index = 1; index < threads; ++index) workers_.emplace_back([this, index] { loop(index); });
+  }
+  ~Runner() {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    for (std::thread& worker : workers_) worker.join();
+  }
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls job(thread) on every thread, the caller being thread 0, and waits for all.
+  void run(const std::function<void(int)>& job) {
+    job_ = &job;
+    remaining_.store(static_cast<int>(workers_.size()));
+    generation_.fetch_add(1, std::memory_order_release);
+    job(0);
+    while (remaining_.load(std::memory_order_acquire) != 0) _mm_pause();
+  }
+
+ private:
+  void loop(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      int spins = 0;
+      while (generation_.load(std::memory_order_acquire) == seen) {
+        if (++spins < 20000) {
+          _mm_pause();
+        } else {
+          std::this_thread::yield();
+        }
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      if (stop_.load()) return;
+      (*job_)(index);
+      remaining_.fetch_sub(1, std::memory_order_release);
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> remaining_{0};
+  std::atomic<bool> stop_{false};
+};
+
+Runner& runner(int threads) {
+  static std::map<int, std::unique_ptr<Runner>> runners;
+  auto& slot = runners[threads];
+  if (!slot) slot = std::make_unique<Runner>(threads);
+  return *slot;
+}
+
+struct FreeDeleter {
+  void operator()(void* pointer) const { std::free(pointer); }
+};
+using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
+
+Buffer allocate(size_t bytes) {
+  return Buffer(static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+}
+
+// ---- the read-bandwidth probe ----
+
+__attribute__((target("avx512f"))) float read_stream(const std::byte* data, size_t bytes) {
+  __m512 sums[8];
+  for (__m512& sum : sums) sum = _mm512_setzero_ps();
+  for (size_t offset = 0; offset < bytes; offset += 512) {
+    const float* line = reinterpret_cast<const float*>(data + offset);
+    for (int i = 0; i < 8; ++i) sums[i] = _mm512_add_ps(sums[i], _mm512_load_ps(line + 16 * i));
+  }
+  __m512 total = sums[0];
+  for (int i = 1; i < 8; ++i) total = _mm512_add_ps(total, sums[i]);
+  return _mm512_reduce_add_ps(total);
+}
+
+constexpr size_t kProbeBytes = size_t{1} << 30;
+
+// Best of `repeats` passes, in bytes per second.
+double probe_bandwidth(int threads, int repeats) {
+  Buffer buffer = allocate(kProbeBytes);
+  const size_t share = kProbeBytes / threads;
+  runner(threads).run([&](int thread) { std::memset(buffer.get() + share * thread, 1, share); });
+  double best = 0.0;
+  std::atomic<float> sink{0.0f};
+  for (int repeat = 0; repeat < repeats; ++repeat) {
+    const auto start = std::chrono::steady_clock::now();
+    runner(threads).run([&](int thread) { sink.store(read_stream(buffer.get() + share * thread, share)); });
+    best = std::max(best, kProbeBytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+double cached_probe_bandwidth(int threads) {
+  static std::map<int, double> probed;
+  auto found = probed.find(threads);
+  if (found == probed.end()) found = probed.emplace(threads, probe_bandwidth(threads, 5)).first;
+  return found->second;
+}
+
+void ReadBandwidth(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  if (detected_isa() < Isa::kAvx512) return state.SkipWithError("needs AVX-512");
+  Buffer buffer = allocate(kProbeBytes);
+  const size_t share = kProbeBytes / threads;
+  runner(threads).run([&](int thread) { std::memset(buffer.get() + share * thread, 1, share); });
+  std::atomic<float> sink{0.0f};
+  for (auto _ : state) {
+    runner(threads).run([&](int thread) { sink.store(read_stream(buffer.get() + share * thread, share)); });
+  }
+  state.counters["GB/s"] = benchmark::Counter(kProbeBytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- the compute ceiling: independent vdpbf16ps chains on registers ----
+
+__attribute__((target("avx512f,avx512bf16"))) float dot_bf16_registers(int64_t iterations) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x0001);
+  for (int64_t n = 0; n < iterations; ++n) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    __asm__ volatile("" : "+v"(a));
+  }
+  __m512 total = acc[0];
+  for (int i = 1; i < 12; ++i) total = _mm512_add_ps(total, acc[i]);
+  return _mm512_reduce_add_ps(total);
+}
+
+void PeakBf16(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  if (detected_isa() < Isa::kAvx512Bf16) return state.SkipWithError("needs AVX512_BF16");
+  constexpr int64_t kIterations = 1'000'000;
+  std::atomic<float> sink{0.0f};
+  for (auto _ : state) {
+    runner(threads).run([&](int) { sink.store(dot_bf16_registers(kIterations)); });
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(threads * kIterations * 12 * 64 * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- weights: random values in the format, several copies when one would stay in L3 ----
+
+constexpr size_t kColdWorkingSet = size_t{256} << 20;
+
+struct WeightSet {
+  WeightFormat format;
+  int64_t rows = 0, cols = 0;
+  std::vector<Buffer> values, scales;
+  std::vector<WeightMatrix> copies;
+  size_t bytes_per_copy = 0;
+};
+
+uint64_t next_random(uint64_t& state) {
+  state = state * 6364136223846793005ull + 1442695040888963407ull;
+  return state >> 33;
+}
+
+// One weight set is kept between calls of the same benchmark (Google Benchmark calls a function
+// several times while it settles the iteration count).
+const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool cold) {
+  static std::unique_ptr<WeightSet> cached;
+  if (cached && cached->format == format && cached->rows == rows && cached->cols == cols &&
+      (cached->copies.size() > 1) == (cold && cached->bytes_per_copy < kColdWorkingSet / 2)) {
+    return *cached;
+  }
+  cached.reset();
+  auto set = std::make_unique<WeightSet>();
+  set->format = format;
+  set->rows = rows;
+  set->cols = cols;
+  const size_t elements = static_cast<size_t>(rows) * cols;
+  const size_t scale_count = static_cast<size_t>(rows) * q8_blocks_per_row(cols);
+  const size_t element_bytes = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
+  set->bytes_per_copy = elements * element_bytes + (format == WeightFormat::kQ8 ? scale_count * 4 : 0);
+  size_t copies = 1;
+  if (cold && set->bytes_per_copy < kColdWorkingSet / 2) copies = (kColdWorkingSet + set->bytes_per_copy - 1) / set->bytes_per_copy;
+  uint64_t seed = 12345;
+  for (size_t copy = 0; copy < copies; ++copy) {
+    Buffer values = allocate(elements * element_bytes);
+    Buffer scales;
+    WeightMatrix matrix{format, rows, cols, values.get(), nullptr};
+    switch (format) {
+      case WeightFormat::kF32: {
+        auto* data = reinterpret_cast<float*>(values.get());
+        for (size_t i = 0; i < elements; ++i) data[i] = static_cast<float>(next_random(seed) % 2001) * 1e-4f - 0.1f;
+        break;
+      }
+      case WeightFormat::kBF16: {
+        auto* data = reinterpret_cast<uint16_t*>(values.get());
+        // Normal-range values of both signs, |w| < 0.25.
+        for (size_t i = 0; i < elements; ++i) data[i] = static_cast<uint16_t>(0x3c00 + (next_random(seed) & 0x3ff) + ((i & 1) << 15));
+        break;
+      }
+      case WeightFormat::kQ8: {
+        auto* data = reinterpret_cast<int8_t*>(values.get());
+        for (size_t i = 0; i < elements; ++i) data[i] = static_cast<int8_t>(static_cast<int>(next_random(seed) % 255) - 127);
+        scales = allocate(scale_count * sizeof(float));
+        auto* scale = reinterpret_cast<float*>(scales.get());
+        for (size_t i = 0; i < scale_count; ++i) scale[i] = 1e-3f * static_cast<float>(1 + next_random(seed) % 16);
+        matrix.block_scales = scale;
+        break;
+      }
+    }
+    set->copies.push_back(matrix);
+    set->values.push_back(std::move(values));
+    set->scales.push_back(std::move(scales));
+  }
+  cached = std::move(set);
+  return *cached;
+}
+
+const char* format_label(WeightFormat format) {
+  return format == WeightFormat::kF32 ? "f32" : format == WeightFormat::kBF16 ? "bf16" : "q8";
+}
+
+struct MatmulCase {
+  WeightFormat format;
+  Isa isa;
+  int64_t rows, cols, tokens;
+  int threads;
+  bool decode;
+};
+
+void RunMatmul(benchmark::State& state, MatmulCase c) {
+  if (c.isa > detected_isa()) return state.SkipWithError("this CPU cannot run that instruction set");
+  const Isa saved = active_isa();
+  set_active_isa(c.isa);
+  const WeightSet& set = weights(c.format, c.rows, c.cols, c.decode);
+  std::vector<float> x(static_cast<size_t>(c.tokens * c.cols));
+  uint64_t seed = 99;
+  for (float& value : x) value = static_cast<float>(next_random(seed) % 2001) * 1e-3f - 1.0f;
+  PreparedActivations prepared;
+  prepared.prepare(x.data(), c.tokens, c.cols, c.format);
+  std::vector<float> y(static_cast<size_t>(c.tokens * c.rows));
+  Runner& threads = runner(c.threads);
+  const int64_t share = (c.rows / c.threads + 15) / 16 * 16;
+  size_t copy = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    const WeightMatrix& matrix = set.copies[copy];
+    copy = copy + 1 == set.copies.size() ? 0 : copy + 1;
+    threads.run([&](int thread) {
+      const int64_t begin = std::min(c.rows, thread * share);
+      const int64_t end = thread + 1 == c.threads ? c.rows : std::min(c.rows, begin + share);
+      matmul(prepared, matrix, y.data(), c.rows, begin, end);
+    });
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  set_active_isa(saved);
+  const double flops = 2.0 * c.tokens * c.rows * c.cols;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  if (c.decode) {
+    state.counters["GB/s"] = benchmark::Counter(set.bytes_per_copy * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["tok/s"] = benchmark::Counter(static_cast<double>(c.tokens), benchmark::Counter::kIsIterationInvariantRate);
+    const double bytes_per_second = set.bytes_per_copy * static_cast<double>(state.iterations()) / seconds;
+    state.counters["%probe"] = 100.0 * bytes_per_second / cached_probe_bandwidth(c.threads);
+  }
+}
+
+void RunPrepare(benchmark::State& state, WeightFormat format, int64_t tokens, int64_t cols) {
+  std::vector<float> x(static_cast<size_t>(tokens * cols));
+  uint64_t seed = 7;
+  for (float& value : x) value = static_cast<float>(next_random(seed) % 2001) * 1e-3f - 1.0f;
+  PreparedActivations prepared;
+  for (auto _ : state) {
+    prepared.prepare(x.data(), tokens, cols, format);
+    benchmark::DoNotOptimize(prepared.f32_values());
+  }
+  state.counters["Melem/s"] = benchmark::Counter(tokens * cols * 1e-6, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+std::string case_name(const char* kind, const MatmulCase& c) {
+  return std::string(kind) + "/" + format_label(c.format) + "/" + isa_name(c.isa) + "/" + std::to_string(c.rows) + "x" +
+         std::to_string(c.cols) + "/tokens:" + std::to_string(c.tokens) + "/threads:" + std::to_string(c.threads);
+}
+
+void add_matmul(const char* kind, const MatmulCase& c) {
+  benchmark::RegisterBenchmark(case_name(kind, c).c_str(), RunMatmul, c)->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+// Full-size E2B shapes: [rows = out features] x [cols = in features].
+const Shape kDecodeShapes[] = {{12288, 1536}, {262144, 1536}, {2048, 1536}, {6144, 1536}, {1536, 6144}, {1536, 12288}};
+const Shape kPrefillShapes[] = {{6144, 1536}, {1536, 6144}, {2048, 1536}, {1536, 2048}, {12288, 1536}};
+
+const bool kRegistered = [] {
+  for (int threads : {1, 2}) {
+    benchmark::RegisterBenchmark(("ReadBandwidth/threads:" + std::to_string(threads)).c_str(), ReadBandwidth)
+        ->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("PeakBf16/threads:" + std::to_string(threads)).c_str(), PeakBf16)
+        ->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  const Isa all_levels[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
+  for (int threads : {1, 2}) {
+    for (const Shape& shape : kDecodeShapes) {
+      for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kQ8}) {
+        for (int64_t tokens : {1, 2, 4, 8}) {
+          add_matmul("Decode", {format, detected_isa(), shape.rows, shape.cols, tokens, threads, true});
+        }
+      }
+    }
+    // Every path on one GEMV shape (bf16 is a different kernel at each AVX-512 level).
+    for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
+      for (Isa isa : all_levels) {
+        if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
+        add_matmul("Decode", {format, isa, 12288, 1536, 1, threads, true});
+      }
+    }
+    for (const Shape& shape : kPrefillShapes) {
+      add_matmul("Prefill", {WeightFormat::kBF16, detected_isa(), shape.rows, shape.cols, 512, threads, false});
+    }
+    for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
+      for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2}) {
+        if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
+        add_matmul("Prefill", {format, isa, 6144, 1536, 512, threads, false});
+      }
+    }
+  }
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
+    for (int64_t tokens : {1, 512}) {
+      for (int64_t cols : {1536, 6144}) {
+        benchmark::RegisterBenchmark((std::string("Prepare/") + format_label(format) + "/tokens:" + std::to_string(tokens) +
+                                      "/cols:" + std::to_string(cols)).c_str(),
+                                     RunPrepare, format, tokens, cols)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace gemma4rt::kernels

@@ -1,0 +1,93 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+
+namespace gemma4rt {
+namespace {
+
+// About 20-50 microseconds of polling: long enough to bridge the gap between the parallel regions of
+// one decode step, short enough not to starve other processes on an oversubscribed machine.
+constexpr int kSpinIterations = 2000;
+
+inline void cpu_relax() { __builtin_ia32_pause(); }
+
+}  // namespace
+
+ThreadPool::ThreadPool(int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int index = 1; index < threads; ++index) workers_.emplace_back([this, index] { worker_loop(index); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_.store(true);
+    generation_.fetch_add(1);
+  }
+  wake_.notify_all();
+  for (auto& worker : workers_) worker.join();
+}
+
+void ThreadPool::run(const std::function<void(int, int)>& work) {
+  const int count = size();
+  if (count == 1) {
+    work(0, 1);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    work_ = &work;
+    remaining_.store(count - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  work(0, count);
+  // Wait for the workers: spin first (regions are short), then sleep.
+  for (int spin = 0; spin < kSpinIterations && remaining_.load(std::memory_order_acquire) != 0; ++spin) cpu_relax();
+  if (remaining_.load(std::memory_order_acquire) != 0) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return remaining_.load(std::memory_order_acquire) == 0; });
+  }
+}
+
+void ThreadPool::parallel_for(int64_t count, int64_t granule, const std::function<void(int64_t, int64_t)>& work) {
+  if (count <= 0) return;
+  granule = std::max<int64_t>(granule, 1);
+  const int64_t granules = (count + granule - 1) / granule;
+  const int threads = static_cast<int>(std::min<int64_t>(size(), granules));
+  if (threads <= 1) {
+    work(0, count);
+    return;
+  }
+  run([&](int thread, int) {
+    if (thread >= threads) return;
+    const int64_t first = granules * thread / threads * granule;
+    const int64_t last = std::min(count, granules * (thread + 1) / threads * granule);
+    if (first < last) work(first, last);
+  });
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  while (true) {
+    // Spin for new work briefly, then sleep on the condition variable.
+    int spin = 0;
+    while (generation_.load(std::memory_order_acquire) == seen && spin < kSpinIterations) {
+      cpu_relax();
+      ++spin;
+    }
+    if (generation_.load(std::memory_order_acquire) == seen) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+    }
+    seen = generation_.load(std::memory_order_acquire);
+    if (stopping_.load()) return;
+    (*work_)(index, size());
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_.notify_one();
+    }
+  }
+}
+
+}  // namespace gemma4rt

@@ -1,0 +1,47 @@
+// A persistent pool of worker threads. Threads are created once; each parallel call wakes them, runs
+// one function on every thread (the caller takes part as thread 0) and waits for all of them. Workers
+// spin briefly before sleeping so the hundreds of small parallel regions of a decode step do not pay
+// a kernel wake-up each.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace gemma4rt {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // threads <= 0: one per hardware thread
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls work(thread_index, thread_count) once on every thread and returns when all have finished.
+  // Not re-entrant: call it from one thread at a time.
+  void run(const std::function<void(int, int)>& work);
+
+  // Splits [0, count) into size() contiguous ranges, each a multiple of `granule` except the last,
+  // and calls work(begin, end) for each non-empty range.
+  void parallel_for(int64_t count, int64_t granule, const std::function<void(int64_t, int64_t)>& work);
+
+ private:
+  void worker_loop(int index);
+
+  std::vector<std::thread> workers_;
+  const std::function<void(int, int)>* work_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> remaining_{0};
+  std::atomic<bool> stopping_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+};
+
+}  // namespace gemma4rt

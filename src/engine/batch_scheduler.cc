@@ -1,0 +1,243 @@
+#include "engine/batch_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace gemma4rt {
+
+struct BatchScheduler::Sequence {
+  SequenceRequest request;
+  std::shared_ptr<SequenceHandle> handle;
+  std::unique_ptr<Sampler> sampler;
+  int slot = -1;
+  int position = 0;                 // next position to run
+  size_t prompt_done = 0;           // prompt tokens already in the cache
+  int32_t last_token = 0;           // the token the next decode row feeds
+  int generated = 0;
+  std::unordered_map<int32_t, int> counts;  // generated token -> occurrences (penalties)
+  bool finished = false;
+  bool prefilling() const { return prompt_done < request.prompt.size(); }
+};
+
+BatchScheduler::BatchScheduler(Transformer& transformer, const Options& options) : transformer_(transformer), options_(options) {
+  options_.prefill_chunk = std::max(1, options_.prefill_chunk);
+  for (int slot = transformer.sequences() - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+  const int max_rows = transformer.max_chunk_tokens();
+  if (max_rows < transformer.sequences()) {
+    fail("the engine's chunk of {} rows cannot hold one decode row for each of {} sequences", max_rows, transformer.sequences());
+  }
+  logits_.resize(static_cast<size_t>(transformer.sequences()) * transformer.config().vocab_size);
+  engine_thread_ = std::thread([this] { engine_loop(); });
+}
+
+BatchScheduler::~BatchScheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  engine_thread_.join();
+}
+
+std::shared_ptr<SequenceHandle> BatchScheduler::submit(SequenceRequest request) {
+  if (request.prompt.empty()) fail("the prompt is empty");
+  if (static_cast<int64_t>(request.prompt.size()) > transformer_.context_tokens()) {
+    fail("the prompt has {} tokens but the context holds {}", request.prompt.size(), transformer_.context_tokens());
+  }
+  auto sequence = std::make_unique<Sequence>();
+  sequence->handle = std::make_shared<SequenceHandle>();
+  sequence->sampler = std::make_unique<Sampler>(request.sampling);
+  sequence->request = std::move(request);
+  auto handle = sequence->handle;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_ || draining_) return nullptr;
+    const int waiting_allowed = options_.max_queue + static_cast<int>(free_slots_.size());
+    if (static_cast<int>(queue_.size()) >= waiting_allowed) return nullptr;
+    queue_.push_back(std::move(sequence));
+  }
+  wake_.notify_all();
+  return handle;
+}
+
+void BatchScheduler::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  draining_ = true;
+  wake_.notify_all();
+  idle_.wait(lock, [this] { return queue_.empty() && running_count_ == 0; });
+}
+
+SchedulerStats BatchScheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SchedulerStats stats;
+  stats.queued = static_cast<int>(queue_.size());
+  stats.running = running_count_;
+  stats.kv_slots = transformer_.sequences();
+  stats.generated_tokens = generated_tokens_.load();
+  stats.prompt_tokens = prompt_tokens_.load();
+  stats.recent_tokens_per_second = recent_tokens_per_second_.load();
+  return stats;
+}
+
+void BatchScheduler::finish(Sequence& sequence, const std::string& reason, const std::string& error) {
+  if (sequence.finished) return;
+  sequence.finished = true;
+  if (sequence.request.on_finish) sequence.request.on_finish(reason, error);
+}
+
+void BatchScheduler::engine_loop() {
+  std::vector<std::unique_ptr<Sequence>> running;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !running.empty(); });
+      if (stopping_) {
+        for (auto& sequence : running) finish(*sequence, "cancelled");
+        for (auto& sequence : queue_) finish(*sequence, "cancelled");
+        queue_.clear();
+        running_count_ = 0;
+        idle_.notify_all();
+        return;
+      }
+      // Newcomers join at the step boundary, one KV slot each.
+      while (!queue_.empty() && !free_slots_.empty()) {
+        auto sequence = std::move(queue_.front());
+        queue_.pop_front();
+        sequence->slot = free_slots_.back();
+        free_slots_.pop_back();
+        running.push_back(std::move(sequence));
+      }
+      running_count_ = static_cast<int>(running.size());
+    }
+    if (!running.empty()) {
+      try {
+        step(running);
+      } catch (const std::exception& error) {
+        // A failed step ends every sequence in it; the engine keeps serving.
+        for (auto& sequence : running) finish(*sequence, "error", error.what());
+      }
+    }
+    // Hand finished sequences' slots back.
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& sequence : running) {
+      if (sequence->finished) free_slots_.push_back(sequence->slot);
+    }
+    std::erase_if(running, [](const auto& sequence) { return sequence->finished; });
+    running_count_ = static_cast<int>(running.size());
+    if (running.empty() && queue_.empty()) idle_.notify_all();
+  }
+}
+
+void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& sequence : running) {
+    if (sequence->handle->cancelled()) finish(*sequence, "cancelled");
+    else if (sequence->request.deadline && now > *sequence->request.deadline) finish(*sequence, "timeout");
+  }
+
+  // Rows: a decode row for every sequence past its prompt, then prompt chunks while rows remain.
+  const int max_rows = transformer_.max_chunk_tokens();
+  rows_.clear();
+  logit_rows_.clear();
+  std::vector<Sequence*> sampled;
+  std::vector<Sequence*> decoding;
+  for (auto& sequence : running) {
+    if (sequence->finished || sequence->prefilling()) continue;
+    rows_.push_back({sequence->slot, sequence->position, sequence->last_token});
+    logit_rows_.push_back(static_cast<int>(rows_.size()) - 1);
+    sampled.push_back(sequence.get());
+    decoding.push_back(sequence.get());
+  }
+  std::vector<std::pair<Sequence*, int>> prefilled;  // sequence, rows added
+  for (auto& sequence : running) {
+    if (sequence->finished || !sequence->prefilling()) continue;
+    const int room = max_rows - static_cast<int>(rows_.size());
+    if (room <= 0) break;
+    const int take = static_cast<int>(std::min<size_t>({static_cast<size_t>(options_.prefill_chunk), static_cast<size_t>(room),
+                                                        sequence->request.prompt.size() - sequence->prompt_done}));
+    for (int i = 0; i < take; ++i) {
+      rows_.push_back({sequence->slot, sequence->position + i, sequence->request.prompt[sequence->prompt_done + i]});
+    }
+    prefilled.emplace_back(sequence.get(), take);
+    if (sequence->prompt_done + take == sequence->request.prompt.size()) {
+      logit_rows_.push_back(static_cast<int>(rows_.size()) - 1);
+      sampled.push_back(sequence.get());
+    }
+  }
+  if (rows_.empty()) return;
+  // Logit rows must be increasing: decode rows come first, then prompt ends in row order.
+  const auto start = std::chrono::steady_clock::now();
+  transformer_.forward(rows_, logit_rows_, logits_.data(), /*apply_softcap=*/true);
+  // The rows are in the cache now: each decode row advanced its sequence by one position.
+  for (Sequence* sequence : decoding) ++sequence->position;
+  for (auto& [sequence, take] : prefilled) {
+    sequence->prompt_done += take;
+    sequence->position += take;
+    prompt_tokens_ += take;
+  }
+
+  const int vocab = transformer_.config().vocab_size;
+  for (size_t index = 0; index < sampled.size(); ++index) {
+    Sequence& sequence = *sampled[index];
+    float* logits = logits_.data() + index * vocab;
+    const SequenceRequest& request = sequence.request;
+    TokenEvent event;
+    if (request.top_logprobs >= 0) {
+      // Log-probabilities of the model itself: the softcapped logits, before penalties and temperature.
+      float maximum = *std::max_element(logits, logits + vocab);
+      double total = 0.0;
+      for (int i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i] - maximum));
+      const float log_total = maximum + static_cast<float>(std::log(total));
+      std::vector<TokenLogprob> best;
+      for (int i = 0; i < vocab; ++i) {
+        const TokenLogprob candidate{i, logits[i] - log_total};
+        if (static_cast<int>(best.size()) < request.top_logprobs) {
+          best.push_back(candidate);
+          std::push_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
+        } else if (request.top_logprobs > 0 && candidate.logprob > best.front().logprob) {
+          std::pop_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
+          best.back() = candidate;
+          std::push_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
+        }
+      }
+      std::sort(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob != b.logprob ? a.logprob > b.logprob : a.token < b.token; });
+      event.top_logprobs = std::move(best);
+      event.logprob = log_total;  // replaced by the chosen token's value below
+    }
+    if (request.presence_penalty != 0.0f || request.frequency_penalty != 0.0f) {
+      for (const auto& [token, count] : sequence.counts) {
+        logits[token] -= request.presence_penalty + request.frequency_penalty * static_cast<float>(count);
+      }
+    }
+    const int32_t token = sequence.sampler->sample(std::span<const float>(logits, vocab));
+    if (event.logprob) {
+      // Recover log p(token) from the unpenalised value: penalties only touched generated tokens.
+      float raw = logits[token];
+      if (auto found = sequence.counts.find(token); found != sequence.counts.end()) {
+        raw += request.presence_penalty + request.frequency_penalty * static_cast<float>(found->second);
+      }
+      event.logprob = raw - *event.logprob;
+    }
+    event.token = token;
+    event.is_stop_token = !request.ignore_eos &&
+                          std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) != request.stop_token_ids.end();
+    ++sequence.generated;
+    ++sequence.counts[token];
+    generated_tokens_++;
+    const bool keep_going = request.on_token ? request.on_token(event) : true;
+    if (event.is_stop_token || !keep_going) {
+      finish(sequence, "stop");
+    } else if (sequence.generated >= request.max_tokens || sequence.position >= transformer_.context_tokens()) {
+      finish(sequence, "length");
+    } else {
+      sequence.last_token = token;  // fed at sequence.position by the next step's decode row
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (seconds > 0) recent_tokens_per_second_.store(static_cast<double>(sampled.size()) / seconds);
+}
+
+}  // namespace gemma4rt

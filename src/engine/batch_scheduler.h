@@ -1,0 +1,114 @@
+// Continuous batching. One engine thread owns the Transformer and runs steps; each step takes one
+// decode row from every running sequence plus a chunk of prompt rows from sequences still prefilling,
+// so every weight is read once for all of them and a newcomer's long prompt stalls running streams
+// for at most one chunk. Requests join at step boundaries, each in its own KV slot; beyond the slots
+// they wait in a bounded queue.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "engine/transformer.h"
+
+namespace gemma4rt {
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+// What the engine reports for each generated token, on the engine thread.
+struct TokenEvent {
+  int32_t token = 0;
+  bool is_stop_token = false;             // one of the request's stop ids (not part of the answer)
+  std::optional<float> logprob;           // when requested: log p(token) under the model (softcapped logits)
+  std::vector<TokenLogprob> top_logprobs; // when requested: the most likely alternatives
+};
+
+struct SequenceRequest {
+  std::vector<int32_t> prompt;
+  int max_tokens = 256;
+  SamplingOptions sampling;
+  float presence_penalty = 0.0f;          // subtracted once from tokens already generated
+  float frequency_penalty = 0.0f;         // subtracted per earlier occurrence
+  bool ignore_eos = false;
+  std::vector<int> stop_token_ids;
+  int top_logprobs = -1;                  // -1: no logprobs; 0..20: logprob of the token plus that many alternatives
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  // Called on the engine thread for every token; return false to stop the sequence (e.g. a stop string).
+  std::function<bool(const TokenEvent&)> on_token;
+  // Called once on the engine thread when the sequence ends: "stop", "length", "cancelled", "timeout" or "error".
+  std::function<void(const std::string& finish_reason, const std::string& error)> on_finish;
+};
+
+class SequenceHandle {
+ public:
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerStats {
+  int queued = 0;
+  int running = 0;
+  int kv_slots = 0;
+  int64_t generated_tokens = 0;
+  int64_t prompt_tokens = 0;
+  double recent_tokens_per_second = 0.0;
+};
+
+class BatchScheduler {
+ public:
+  struct Options {
+    int max_queue = 64;          // waiting requests beyond the running ones; more are refused
+    int prefill_chunk = 64;      // prompt rows one sequence may add to a step
+  };
+  BatchScheduler(Transformer& transformer, const Options& options);
+  ~BatchScheduler();  // stops the engine thread; unfinished sequences end as "cancelled"
+
+  // Queues a request. Returns nullptr when the queue is full (the caller answers 429). Throws Error for
+  // a request that can never run (empty prompt, prompt longer than the context).
+  std::shared_ptr<SequenceHandle> submit(SequenceRequest request);
+  // Lets running and queued sequences finish, then returns; later submits are refused.
+  void drain();
+  SchedulerStats stats() const;
+
+ private:
+  struct Sequence;
+  void engine_loop();
+  void step(std::vector<std::unique_ptr<Sequence>>& running);
+  void finish(Sequence& sequence, const std::string& reason, const std::string& error = {});
+
+  Transformer& transformer_;
+  Options options_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  std::deque<std::unique_ptr<Sequence>> queue_;
+  std::vector<int> free_slots_;
+  int running_count_ = 0;
+  bool stopping_ = false;
+  bool draining_ = false;
+  std::atomic<int64_t> generated_tokens_{0};
+  std::atomic<int64_t> prompt_tokens_{0};
+  std::atomic<double> recent_tokens_per_second_{0.0};
+  std::thread engine_thread_;
+  std::vector<float> logits_;
+  std::vector<BatchRow> rows_;
+  std::vector<int> logit_rows_;
+};
+
+}  // namespace gemma4rt

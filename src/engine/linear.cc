@@ -1,0 +1,92 @@
+#include "engine/linear.h"
+
+#include "core/error.h"
+
+namespace gemma4rt {
+
+const char* weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32: return "f32";
+    case WeightFormat::kBF16: return "bf16";
+    case WeightFormat::kQ8: return "q8";
+  }
+  return "?";
+}
+
+size_t Linear::fast_bytes() const {
+  const size_t elements = static_cast<size_t>(matrix.rows) * matrix.cols;
+  switch (matrix.format) {
+    case WeightFormat::kF32: return elements * 4;
+    case WeightFormat::kBF16: return elements * 2;
+    case WeightFormat::kQ8:
+      return elements + static_cast<size_t>(matrix.rows) * ((matrix.cols + kernels::kQ8BlockSize - 1) / kernels::kQ8BlockSize) * 4;
+  }
+  return 0;
+}
+
+Linear reference_linear(const TensorView& view) {
+  Linear linear;
+  linear.view = view;
+  return linear;
+}
+
+Linear make_linear(const TensorView& view, WeightFormat format, ThreadPool& pool) {
+  Linear linear;
+  linear.view = view;
+  const int64_t rows = view.shape.at(0);
+  const int64_t cols = view.element_count() / rows;
+  linear.matrix.format = format;
+  linear.matrix.rows = rows;
+  linear.matrix.cols = cols;
+  const size_t elements = static_cast<size_t>(rows) * cols;
+
+  if (format == WeightFormat::kBF16 && view.dtype == DType::kBF16) {
+    linear.matrix.values = view.data;  // in place, straight from the memory map
+    return linear;
+  }
+  if (format == WeightFormat::kF32 && view.dtype == DType::kF32) {
+    linear.matrix.values = view.data;
+    return linear;
+  }
+  if (format == WeightFormat::kQ8 && view.dtype == DType::kQ8) {  // a checkpoint written by `gemma4rt quantize`
+    linear.matrix.values = view.data;
+    linear.matrix.block_scales = view.q8_scales;
+    return linear;
+  }
+  // Conversions run row-parallel: a full-size checkpoint has billions of weights.
+  constexpr int64_t kRowsPerTask = 64;
+  switch (format) {
+    case WeightFormat::kF32:
+      linear.owned_f32.resize(elements);
+      pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
+        view.read_floats(first * cols, (last - first) * cols, linear.owned_f32.data() + first * cols);
+      });
+      linear.matrix.values = linear.owned_f32.data();
+      break;
+    case WeightFormat::kBF16:
+      linear.owned_bf16.resize(elements);
+      pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
+        for (int64_t i = first * cols; i < last * cols; ++i) linear.owned_bf16[i] = float_to_bf16(view.at(i));
+      });
+      linear.matrix.values = linear.owned_bf16.data();
+      break;
+    case WeightFormat::kQ8: {
+      const int64_t blocks = (cols + kernels::kQ8BlockSize - 1) / kernels::kQ8BlockSize;
+      linear.owned_q8.resize(elements);
+      linear.owned_scales.resize(static_cast<size_t>(rows) * blocks);
+      pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
+        std::vector<float> row(static_cast<size_t>(cols));
+        for (int64_t r = first; r < last; ++r) {
+          view.read_floats(r * cols, cols, row.data());
+          kernels::quantize_q8(row.data(), 1, cols, linear.owned_q8.data() + r * cols, linear.owned_scales.data() + r * blocks);
+        }
+      });
+      linear.matrix.values = linear.owned_q8.data();
+      linear.matrix.block_scales = linear.owned_scales.data();
+      break;
+    }
+  }
+  return linear;
+}
+
+}  // namespace gemma4rt

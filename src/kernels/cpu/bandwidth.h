@@ -1,0 +1,21 @@
+// A probe of the machine's memory read bandwidth: every thread streams its share of a buffer far
+// larger than the caches with the widest loads the CPU has and several independent accumulators, so
+// the figure is what memory can deliver, the ceiling for memory-bound decode.
+#pragma once
+
+#include <cstddef>
+
+#include "core/thread_pool.h"
+
+namespace gemma4rt::kernels {
+
+// Bytes per second, the best of `repeats` passes over a buffer of `buffer_bytes`.
+double measure_read_bandwidth(ThreadPool& pool, size_t buffer_bytes = size_t{1} << 30, int repeats = 5);
+
+// One pass of reading [data, data + bytes) (bytes a multiple of 256); returns a value that depends on
+// every byte so the reads cannot be optimised away.
+float read_stream_scalar(const float* data, size_t bytes);
+float read_stream_avx2(const float* data, size_t bytes);
+float read_stream_avx512(const float* data, size_t bytes);
+
+}  // namespace gemma4rt::kernels

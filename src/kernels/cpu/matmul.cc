@@ -1,0 +1,264 @@
+#include "kernels/cpu/matmul.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "kernels/cpu/isa.h"
+
+namespace gemma4rt::kernels {
+namespace {
+
+using detail::MatmulOperands;
+
+// Activation rows are padded to a multiple of this many elements (>= one vector step of every
+// kernel, and 64-byte aligned for every operand type) so kernels read whole vectors past `cols`.
+constexpr int64_t kActivationPadding = 64;
+
+bool isa_at_least(Isa active, Isa level) { return static_cast<int>(active) >= static_cast<int>(level); }
+
+// ---- scalar path: the reference for the SIMD paths (fp32 accumulation in k order) ----
+
+void matmul_f32_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  const auto* x = static_cast<const float*>(op.x);
+  const auto* w = static_cast<const float*>(op.w);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const float* row = w + r * op.cols;
+    for (int64_t t = 0; t < op.tokens; ++t) {
+      const float* token = x + t * op.x_stride;
+      float sum = 0.0f;
+      for (int64_t k = 0; k < op.cols; ++k) sum += token[k] * row[k];
+      op.y[t * op.y_stride + r] = sum;
+    }
+  }
+}
+
+void matmul_bf16_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  const auto* x = static_cast<const uint16_t*>(op.x);
+  const auto* w = static_cast<const uint16_t*>(op.w);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint16_t* row = w + r * op.cols;
+    for (int64_t t = 0; t < op.tokens; ++t) {
+      const uint16_t* token = x + t * op.x_stride;
+      float sum = 0.0f;
+      for (int64_t k = 0; k < op.cols; ++k) sum += bf16_to_float(token[k]) * bf16_to_float(row[k]);
+      op.y[t * op.y_stride + r] = sum;
+    }
+  }
+}
+
+// Exact int32 dot product per block, scaled by w_scale * x_scale and summed in fp32.
+void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  const auto* x = static_cast<const int8_t*>(op.x);
+  const auto* w = static_cast<const int8_t*>(op.w);
+  const int64_t blocks = q8_blocks_per_row(op.cols);
+  const int64_t x_blocks = op.x_stride / kQ8BlockSize;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int8_t* row = w + r * op.cols;
+    const float* row_scales = op.w_scales + r * blocks;
+    for (int64_t t = 0; t < op.tokens; ++t) {
+      const int8_t* token = x + t * op.x_stride;
+      const float* token_scales = op.x_scales + t * x_blocks;
+      float sum = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t begin = b * kQ8BlockSize;
+        const int64_t end = begin + kQ8BlockSize < op.cols ? begin + kQ8BlockSize : op.cols;
+        int32_t dot = 0;
+        for (int64_t k = begin; k < end; ++k) dot += static_cast<int32_t>(token[k]) * row[k];
+        sum += static_cast<float>(dot) * (row_scales[b] * token_scales[b]);
+      }
+      op.y[t * op.y_stride + r] = sum;
+    }
+  }
+}
+
+void quantize_q8_row_scalar(const float* source, int64_t cols, int8_t* values, float* block_scales) {
+  for (int64_t start = 0, block = 0; start < cols; start += kQ8BlockSize, ++block) {
+    const int64_t end = start + kQ8BlockSize < cols ? start + kQ8BlockSize : cols;
+    float absmax = 0.0f;
+    for (int64_t k = start; k < end; ++k) absmax = std::fmax(absmax, std::fabs(source[k]));
+    const float scale = absmax / 127.0f;
+    block_scales[block] = scale;
+    for (int64_t k = start; k < end; ++k) {
+      // Division rather than a reciprocal multiply: it rounds identically in the SIMD versions.
+      const float q = scale == 0.0f ? 0.0f : std::nearbyint(source[k] / scale);
+      values[k] = static_cast<int8_t>(q > 127.0f ? 127 : q < -127.0f ? -127 : static_cast<int>(q));
+    }
+  }
+}
+
+void quantize_q8_row(const float* source, int64_t cols, int8_t* values, float* block_scales) {
+  const Isa isa = active_isa();
+  if (isa_at_least(isa, Isa::kAvx512)) {
+    detail::quantize_q8_row_avx512(source, cols, values, block_scales);
+  } else if (isa_at_least(isa, Isa::kAvx2)) {
+    detail::quantize_q8_row_avx2(source, cols, values, block_scales);
+  } else {
+    quantize_q8_row_scalar(source, cols, values, block_scales);
+  }
+}
+
+void round_to_bf16(const float* source, int64_t count, uint16_t* out) {
+  const Isa isa = active_isa();
+  if (isa_at_least(isa, Isa::kAvx512)) {
+    detail::round_to_bf16_avx512(source, count, out);
+  } else if (isa_at_least(isa, Isa::kAvx2)) {
+    detail::round_to_bf16_avx2(source, count, out);
+  } else {
+    for (int64_t i = 0; i < count; ++i) out[i] = float_to_bf16(source[i]);
+  }
+}
+
+void* allocate_aligned(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* pointer = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (pointer == nullptr) fail("out of memory preparing matmul activations ({} bytes)", bytes);
+  return pointer;
+}
+
+const char* format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32: return "f32";
+    case WeightFormat::kBF16: return "bf16";
+    case WeightFormat::kQ8: return "q8";
+  }
+  return "?";
+}
+
+}  // namespace
+
+WeightMatrix weight_matrix(const TensorView& view) {
+  if (view.shape.size() != 2) {
+    fail("tensor {} has shape {}: a weight matrix must be 2-D (slice stacked experts first)", view.name,
+         shape_to_string(view.shape));
+  }
+  WeightMatrix matrix;
+  matrix.rows = view.shape[0];
+  matrix.cols = view.shape[1];
+  matrix.values = view.data;
+  switch (view.dtype) {
+    case DType::kF32: matrix.format = WeightFormat::kF32; break;
+    case DType::kBF16: matrix.format = WeightFormat::kBF16; break;
+    case DType::kQ8:
+      if (view.q8_scales == nullptr) fail("q8 tensor {} has no block scales", view.name);
+      matrix.format = WeightFormat::kQ8;
+      matrix.block_scales = view.q8_scales;
+      break;
+    case DType::kF16: fail("tensor {} is F16: convert it to f32, bf16 or q8 before the fast matmul", view.name);
+  }
+  return matrix;
+}
+
+void quantize_q8(const float* source, int64_t rows, int64_t cols, int8_t* values, float* block_scales) {
+  const int64_t blocks = q8_blocks_per_row(cols);
+  for (int64_t r = 0; r < rows; ++r) quantize_q8_row(source + r * cols, cols, values + r * cols, block_scales + r * blocks);
+}
+
+void PreparedActivations::FreeDeleter::operator()(void* pointer) const { std::free(pointer); }
+
+template <typename T>
+void PreparedActivations::reserve(std::unique_ptr<T, FreeDeleter>& buffer, size_t& capacity, size_t bytes) {
+  if (bytes <= capacity) return;
+  buffer.reset(static_cast<T*>(allocate_aligned(bytes)));
+  capacity = bytes;
+}
+
+void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, WeightFormat format) {
+  if (tokens < 0 || cols < 0) fail("matmul activations with negative shape [{}, {}]", tokens, cols);
+  const int64_t stride = (cols + kActivationPadding - 1) / kActivationPadding * kActivationPadding;
+  const size_t element_bytes = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
+  const size_t elements = static_cast<size_t>(tokens) * stride;
+  reserve(values_, values_capacity_, elements * element_bytes);
+  const int64_t scale_stride = stride / kQ8BlockSize;
+  if (format == WeightFormat::kQ8) {
+    reserve(scales_, scales_capacity_, static_cast<size_t>(tokens) * scale_stride * sizeof(float));
+    reserve(q8_steps_, q8_steps_capacity_, elements * 2);
+  }
+  tokens_ = tokens;
+  cols_ = cols;
+  stride_ = stride;
+  format_ = format;
+
+  const size_t padding_bytes = static_cast<size_t>(stride - cols) * element_bytes;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* source = x + t * cols;
+    std::byte* row = values_.get() + static_cast<size_t>(t) * stride * element_bytes;
+    switch (format) {
+      case WeightFormat::kF32:
+        std::memcpy(row, source, static_cast<size_t>(cols) * sizeof(float));
+        break;
+      case WeightFormat::kBF16:
+        round_to_bf16(source, cols, reinterpret_cast<uint16_t*>(row));
+        break;
+      case WeightFormat::kQ8:
+        quantize_q8_row(source, cols, reinterpret_cast<int8_t*>(row), scales_.get() + t * scale_stride);
+        break;
+    }
+    std::memset(row + static_cast<size_t>(cols) * element_bytes, 0, padding_bytes);
+    if (format == WeightFormat::kQ8) {
+      float* scales = scales_.get() + t * scale_stride;
+      for (int64_t b = q8_blocks_per_row(cols); b < scale_stride; ++b) scales[b] = 0.0f;
+      const auto* values = reinterpret_cast<const int8_t*>(row);
+      for (int64_t k = 0; k < stride; k += 64) {
+        std::byte* step = q8_steps_.get() + (t * stride + k) * 2;
+        for (int i = 0; i < 64; ++i) step[i] = static_cast<std::byte>(static_cast<uint8_t>(values[k + i]) ^ 0x80u);
+        for (int lane = 0; lane < 16; ++lane) std::memcpy(step + 64 + 4 * lane, &scales[(k + 4 * lane) / kQ8BlockSize], 4);
+      }
+    }
+  }
+}
+
+void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64_t y_stride, int64_t row_begin,
+            int64_t row_end) {
+  if (x.format() != w.format || x.cols() != w.cols) {
+    fail("matmul: activations prepared as {} with {} columns for a {} weight with {} columns", format_name(x.format()),
+         x.cols(), format_name(w.format), w.cols);
+  }
+  if (row_begin < 0 || row_end > w.rows || row_begin > row_end) {
+    fail("matmul: row range [{}, {}) outside a weight of {} rows", row_begin, row_end, w.rows);
+  }
+  if (row_begin == row_end || x.tokens() == 0) return;
+  if (w.values == nullptr || (w.format == WeightFormat::kQ8 && w.block_scales == nullptr)) {
+    fail("matmul: weight matrix of {} rows has no data", w.rows);
+  }
+
+  MatmulOperands operands{};
+  operands.x = x.format() == WeightFormat::kF32    ? static_cast<const void*>(x.f32_values())
+               : x.format() == WeightFormat::kBF16 ? static_cast<const void*>(x.bf16_values())
+                                                   : static_cast<const void*>(x.q8_values());
+  operands.x_scales = x.q8_scales();
+  operands.x_q8_steps = x.q8_steps();
+  operands.x_stride = x.stride();
+  operands.tokens = x.tokens();
+  operands.w = w.values;
+  operands.w_scales = w.block_scales;
+  operands.cols = w.cols;
+  operands.y = y;
+  operands.y_stride = y_stride;
+
+  const Isa isa = active_isa();
+  void (*kernel)(const MatmulOperands&, int64_t, int64_t) = nullptr;
+  switch (w.format) {
+    case WeightFormat::kF32:
+      kernel = isa_at_least(isa, Isa::kAvx512) ? detail::matmul_f32_avx512
+               : isa_at_least(isa, Isa::kAvx2) ? detail::matmul_f32_avx2
+                                               : matmul_f32_scalar;
+      break;
+    case WeightFormat::kBF16:
+      kernel = isa_at_least(isa, Isa::kAvx512Bf16) ? detail::matmul_bf16_avx512bf16
+               : isa_at_least(isa, Isa::kAvx512)   ? detail::matmul_bf16_avx512
+               : isa_at_least(isa, Isa::kAvx2)     ? detail::matmul_bf16_avx2
+                                                   : matmul_bf16_scalar;
+      break;
+    case WeightFormat::kQ8:
+      kernel = isa_at_least(isa, Isa::kAvx512) ? detail::matmul_q8_avx512
+               : isa_at_least(isa, Isa::kAvx2) ? detail::matmul_q8_avx2
+                                               : matmul_q8_scalar;
+      break;
+  }
+  kernel(operands, row_begin, row_end);
+}
+
+}  // namespace gemma4rt::kernels

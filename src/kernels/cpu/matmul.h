@@ -1,0 +1,134 @@
+// Fast matrix multiplication y = x W^T for weights in PyTorch nn.Linear layout ([out rows][in cols],
+// row-major), in f32, bf16 (used in place from the memory map) or q8 (symmetric int8, one float scale
+// per 32 consecutive weights of a row).
+//
+// Activations are converted once per matmul (PreparedActivations) into the operand format the weight
+// format wants: f32 as is, bf16 rounded to nearest even, or q8 blocks of 32 with per-block scales. Each
+// product is then computed from those rounded operands; only the accumulation order and fp32 rounding
+// differ between the instruction-set paths (about 1e-6 of sum |x| |w|, see tests/unit/matmul_test.cc).
+//
+// Every output element is computed by the same sequence of operations whichever row range it falls in,
+// so splitting rows across threads never changes results (bitwise).
+//
+// Paths, chosen at call time from active_isa():
+//   scalar        plain loops (the reference the SIMD paths are tested against)
+//   avx2          f32: vfmadd231ps; bf16: shift/and to f32 + vfmadd231ps; q8: vpsignb + vpmaddubsw + vpmaddwd
+//   avx512        f32: vfmadd231ps zmm; bf16: shift/and to f32 + FMA; q8: vpdpbusd (VNNI)
+//   avx512bf16    bf16: vdpbf16ps; f32 and q8 as avx512
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace gemma4rt::kernels {
+
+enum class WeightFormat { kF32, kBF16, kQ8 };
+
+inline constexpr int kQ8BlockSize = 32;
+
+inline int64_t q8_blocks_per_row(int64_t cols) { return (cols + kQ8BlockSize - 1) / kQ8BlockSize; }
+
+struct WeightMatrix {
+  WeightFormat format = WeightFormat::kF32;
+  int64_t rows = 0, cols = 0;
+  const void* values = nullptr;          // f32 / bf16 (uint16_t bits) / int8 in [-127, 127], row-major [rows][cols]
+  const float* block_scales = nullptr;   // q8 only: [rows][q8_blocks_per_row(cols)]
+};
+
+// A 2-D F32, BF16 or Q8 view (use TensorView::slice for one expert of a stacked tensor) as a matrix
+// read in place. F16 and other ranks throw gemma4rt::Error: the caller converts those.
+WeightMatrix weight_matrix(const TensorView& view);
+
+// Quantises a row-major float matrix to q8: per block of 32 consecutive values of a row (the last block
+// of a row may be shorter) scale = absmax / 127 and value = round-to-nearest(x / scale), so
+// |x - value * scale| <= scale / 2. An all-zero block gets scale 0 and zero values.
+void quantize_q8(const float* source, int64_t rows, int64_t cols, int8_t* values, float* block_scales);
+
+// Activations converted for one weight format. Buffers are reused across calls and only grow, so a
+// warmed-up decode loop does not allocate. Rows are stored with a padded stride (a multiple of 64
+// elements, padding zeroed) so kernels may read whole vectors past `cols`.
+class PreparedActivations {
+ public:
+  PreparedActivations() = default;
+  PreparedActivations(const PreparedActivations&) = delete;
+  PreparedActivations& operator=(const PreparedActivations&) = delete;
+
+  // x is [tokens][cols] row-major floats; it is copied, so it may be overwritten afterwards.
+  void prepare(const float* x, int64_t tokens, int64_t cols, WeightFormat format);
+
+  int64_t tokens() const { return tokens_; }
+  int64_t cols() const { return cols_; }
+  WeightFormat format() const { return format_; }
+  // Elements between consecutive tokens' rows in the buffers below.
+  int64_t stride() const { return stride_; }
+
+  // The prepared operands (what the kernels multiply), for the format given to prepare():
+  const float* f32_values() const { return reinterpret_cast<const float*>(values_.get()); }        // kF32
+  const uint16_t* bf16_values() const { return reinterpret_cast<const uint16_t*>(values_.get()); }  // kBF16
+  const int8_t* q8_values() const { return reinterpret_cast<const int8_t*>(values_.get()); }        // kQ8
+  // kQ8: [tokens][stride / 32] block scales (blocks past cols are 0).
+  const float* q8_scales() const { return scales_.get(); }
+  // kQ8, the VNNI kernels' copy: [tokens][stride / 64] steps of 128 bytes, 64-byte aligned: the step's
+  // 64 values + 128 as unsigned bytes, then for each int32 lane (4 values) its block's scale.
+  const std::byte* q8_steps() const { return q8_steps_.get(); }
+
+ private:
+  struct FreeDeleter {
+    void operator()(void* pointer) const;
+  };
+  // Grows `buffer` (capacity in bytes) to at least `bytes`, 64-byte aligned; never shrinks.
+  template <typename T>
+  static void reserve(std::unique_ptr<T, FreeDeleter>& buffer, size_t& capacity, size_t bytes);
+
+  std::unique_ptr<std::byte, FreeDeleter> values_;
+  std::unique_ptr<float, FreeDeleter> scales_;
+  std::unique_ptr<std::byte, FreeDeleter> q8_steps_;
+  size_t values_capacity_ = 0, scales_capacity_ = 0, q8_steps_capacity_ = 0;  // bytes
+  int64_t tokens_ = 0, cols_ = 0, stride_ = 0;
+  WeightFormat format_ = WeightFormat::kF32;
+};
+
+// y[t * y_stride + r] = sum_k x[t, k] * W[r, k] for t < x.tokens() and r in [row_begin, row_end);
+// other elements of y are untouched. Single-threaded; callers split rows across threads. x must have
+// been prepared for w.format and w.cols (throws gemma4rt::Error otherwise).
+void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64_t y_stride, int64_t row_begin,
+            int64_t row_end);
+
+// Implementation detail shared with the per-instruction-set files (matmul_avx2.cc, matmul_avx512.cc),
+// which are compiled with wider instruction flags and therefore see only plain data and raw pointers.
+namespace detail {
+
+struct MatmulOperands {
+  const void* x;          // prepared activations: f32 / bf16 bits / int8, [tokens][x_stride], zero padded
+  const float* x_scales;  // q8: [tokens][x_stride / 32]
+  const std::byte* x_q8_steps;  // q8 for VNNI: [tokens][x_stride / 64] steps of 128 bytes (see PreparedActivations)
+  int64_t x_stride;       // elements between tokens (a multiple of 64)
+  int64_t tokens;
+  const void* w;          // weights [rows][cols]
+  const float* w_scales;  // q8: [rows][q8_blocks_per_row(cols)]
+  int64_t cols;
+  float* y;
+  int64_t y_stride;
+};
+
+void matmul_f32_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+void matmul_bf16_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+void matmul_q8_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+void matmul_f32_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+void matmul_bf16_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+void matmul_bf16_avx512bf16(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+void matmul_q8_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+
+// Activation preparation, bit-identical to the scalar float_to_bf16 / quantize_q8.
+void round_to_bf16_avx2(const float* source, int64_t count, uint16_t* out);
+void round_to_bf16_avx512(const float* source, int64_t count, uint16_t* out);
+// One row: blocks of 32 (the last may be shorter); writes q8_blocks_per_row(cols) scales.
+void quantize_q8_row_avx2(const float* source, int64_t cols, int8_t* values, float* block_scales);
+void quantize_q8_row_avx512(const float* source, int64_t cols, int8_t* values, float* block_scales);
+
+}  // namespace detail
+
+}  // namespace gemma4rt::kernels

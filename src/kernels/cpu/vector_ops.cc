@@ -1,0 +1,142 @@
+// Dispatch of the vector kernels on active_isa(), and their scalar level: the reference formulas in
+// plain C++ (double sums, std::exp / std::tanh), which the SIMD levels are tested against. The SIMD
+// levels share the glue here (normalisation factors, softmax steps, the attention phases) and run their
+// loops through the per-ISA tables.
+#include "kernels/cpu/vector_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/bf16.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/reference.h"
+
+namespace gemma4rt::kernels {
+namespace {
+
+// Null at the scalar level.
+const detail::VectorOpsTable* simd_table() {
+  switch (active_isa()) {
+    case Isa::kScalar: return nullptr;
+    case Isa::kAvx2: return &detail::vector_ops_avx2();
+    case Isa::kAvx512:
+    case Isa::kAvx512Bf16: return &detail::vector_ops_avx512();
+  }
+  return nullptr;
+}
+
+float cached_element(const void* base, KvFormat format, int64_t index) {
+  if (format == KvFormat::kF32) return static_cast<const float*>(base)[index];
+  return bf16_to_float(static_cast<const uint16_t*>(base)[index]);
+}
+
+// The reference attention for one head over either cache format: double dot products, the reference
+// softmax, fp32 accumulation in slot order.
+void attend_scalar(const float* query, int64_t head_dim, const void* keys, const void* values, KvFormat format,
+                   int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) {
+  const int64_t count = static_cast<int64_t>(slots.size());
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t row = static_cast<int64_t>(slots[k]) * row_stride;
+    double dot = 0.0;
+    for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<double>(query[d]) * cached_element(keys, format, row + d);
+    scores[k] = static_cast<float>(dot);
+  }
+  reference::softmax(scores, count);
+  std::fill(out, out + head_dim, 0.0f);
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t row = static_cast<int64_t>(slots[k]) * row_stride;
+    for (int64_t d = 0; d < head_dim; ++d) out[d] += scores[k] * cached_element(values, format, row + d);
+  }
+}
+
+void softmax_simd(const detail::VectorOpsTable& table, float* values, int64_t size) {
+  if (size <= 0) return;
+  const float maximum = table.max(values, size);
+  const float total = table.exp_shifted_sum(values, size, maximum);
+  table.scale_into(values, size, 1.0f / total, nullptr, values);
+}
+
+}  // namespace
+
+void rms_norm(const float* x, int64_t size, const float* weight, float eps, float* out) {
+  const detail::VectorOpsTable* table = simd_table();
+  if (table == nullptr) return reference::rms_norm(x, size, weight, eps, out);
+  const double sum_squares = table->sum_squares(x, size);
+  const float mean_square = static_cast<float>(sum_squares / static_cast<double>(size)) + eps;
+  table->scale_into(x, size, std::pow(mean_square, -0.5f), weight, out);  // pow(ms, -0.5) as the reference
+}
+
+void gelu_tanh_multiply(float* gate, const float* up, int64_t size) {
+  const detail::VectorOpsTable* table = simd_table();
+  if (table != nullptr) return table->gelu_tanh_multiply(gate, up, size);
+  for (int64_t i = 0; i < size; ++i) gate[i] = reference::gelu_tanh(gate[i]) * up[i];
+}
+
+void softmax(float* values, int64_t size) {
+  const detail::VectorOpsTable* table = simd_table();
+  if (table == nullptr) return reference::softmax(values, size);
+  softmax_simd(*table, values, size);
+}
+
+void apply_rope(float* heads, int64_t head_count, int64_t head_dim, const float* cos, const float* sin) {
+  const detail::VectorOpsTable* table = simd_table();
+  if (table != nullptr) return table->apply_rope(heads, head_count, head_dim, cos, sin);
+  for (int64_t h = 0; h < head_count; ++h) reference::apply_rope(heads + h * head_dim, head_dim, cos, sin);
+}
+
+void add(float* y, const float* x, int64_t size) {
+  const detail::VectorOpsTable* table = simd_table();
+  if (table != nullptr) return table->add(y, x, size);
+  for (int64_t i = 0; i < size; ++i) y[i] += x[i];
+}
+
+void scale(float* y, float factor, int64_t size) {
+  const detail::VectorOpsTable* table = simd_table();
+  if (table != nullptr) return table->scale_into(y, size, factor, nullptr, y);
+  for (int64_t i = 0; i < size; ++i) y[i] *= factor;
+}
+
+void softcap(float* values, int64_t size, float cap) {
+  const detail::VectorOpsTable* table = simd_table();
+  if (table != nullptr) return table->softcap(values, size, cap);
+  for (int64_t i = 0; i < size; ++i) values[i] = std::tanh(values[i] / cap) * cap;
+}
+
+void store_kv_row(const float* source, int64_t size, KvFormat format, void* destination) {
+  if (format == KvFormat::kF32) {
+    std::memcpy(destination, source, static_cast<size_t>(size) * sizeof(float));
+    return;
+  }
+  auto* row = static_cast<uint16_t*>(destination);
+  const detail::VectorOpsTable* table = simd_table();
+  if (table != nullptr) return table->store_bf16_row(source, size, row);
+  for (int64_t i = 0; i < size; ++i) row[i] = float_to_bf16(source[i]);
+}
+
+void attend(const float* query, int64_t head_dim, const void* keys, const void* values, KvFormat format,
+            int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) {
+  attend_group(query, 1, head_dim, keys, values, format, row_stride, slots, scores, out);
+}
+
+void attend_group(const float* queries, int64_t group, int64_t head_dim, const void* keys, const void* values,
+                  KvFormat format, int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) {
+  const int64_t count = static_cast<int64_t>(slots.size());
+  const detail::VectorOpsTable* table = simd_table();
+  if (table == nullptr) {
+    for (int64_t h = 0; h < group; ++h) {
+      attend_scalar(queries + h * head_dim, head_dim, keys, values, format, row_stride, slots,
+                    scores + h * count, out + h * head_dim);
+    }
+    return;
+  }
+  std::fill(out, out + group * head_dim, 0.0f);
+  if (count == 0) return;
+  // Three passes, each reading its rows once for the whole group: scores, softmax, weighted values.
+  table->attention_scores(queries, group, head_dim, keys, format, row_stride, slots.data(), count, scores);
+  for (int64_t h = 0; h < group; ++h) softmax_simd(*table, scores + h * count, count);
+  table->attention_accumulate(scores, group, head_dim, values, format, row_stride, slots.data(), count, out);
+}
+
+}  // namespace gemma4rt::kernels

@@ -1,0 +1,44 @@
+#include "serve/metrics.h"
+
+#include <fmt/format.h>
+
+namespace gemma4rt::serve {
+
+void Metrics::count_request(const std::string& route, int status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++requests_[{route, status}];
+}
+
+std::string Metrics::render(const SchedulerStats* stats, bool ready, bool draining) const {
+  std::string text;
+  text += "# HELP gemma4rt_requests_total HTTP requests by route and status code.\n# TYPE gemma4rt_requests_total counter\n";
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [key, count] : requests_) {
+      text += fmt::format("gemma4rt_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, count);
+    }
+  }
+  text += fmt::format(
+      "# HELP gemma4rt_prompt_tokens_total Prompt tokens of accepted requests.\n# TYPE gemma4rt_prompt_tokens_total counter\n"
+      "gemma4rt_prompt_tokens_total {}\n"
+      "# HELP gemma4rt_completion_tokens_total Generated tokens.\n# TYPE gemma4rt_completion_tokens_total counter\n"
+      "gemma4rt_completion_tokens_total {}\n",
+      prompt_tokens_.load(), completion_tokens_.load());
+  text += fmt::format("# HELP gemma4rt_ready 1 when the model is loaded and requests are accepted.\n# TYPE gemma4rt_ready gauge\ngemma4rt_ready {}\n",
+                      ready && !draining ? 1 : 0);
+  if (stats != nullptr) {
+    text += fmt::format(
+        "# HELP gemma4rt_queue_depth Requests waiting for a KV slot.\n# TYPE gemma4rt_queue_depth gauge\ngemma4rt_queue_depth {}\n"
+        "# HELP gemma4rt_sequences_in_flight Sequences being prefilled or decoded.\n# TYPE gemma4rt_sequences_in_flight gauge\n"
+        "gemma4rt_sequences_in_flight {}\n"
+        "# HELP gemma4rt_kv_slots_in_use KV cache slots held by running sequences.\n# TYPE gemma4rt_kv_slots_in_use gauge\n"
+        "gemma4rt_kv_slots_in_use {}\n"
+        "# HELP gemma4rt_kv_slots KV cache slots allocated (--parallel).\n# TYPE gemma4rt_kv_slots gauge\ngemma4rt_kv_slots {}\n"
+        "# HELP gemma4rt_tokens_per_second Tokens sampled per second in the latest engine step.\n# TYPE gemma4rt_tokens_per_second gauge\n"
+        "gemma4rt_tokens_per_second {:.3f}\n",
+        stats->queued, stats->running, stats->running, stats->kv_slots, stats->recent_tokens_per_second);
+  }
+  return text;
+}
+
+}  // namespace gemma4rt::serve

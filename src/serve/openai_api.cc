@@ -1,0 +1,245 @@
+#include "serve/openai_api.h"
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+
+namespace gemma4rt::serve {
+namespace {
+
+using nlohmann::json;
+
+// Typed access to optional request fields; a present field of the wrong type or range is a 400.
+class Fields {
+ public:
+  explicit Fields(const json& body) : body_(body) {}
+
+  bool has(const char* key) const { return body_.contains(key) && !body_.at(key).is_null(); }
+  const json& at(const char* key) const { return body_.at(key); }
+
+  std::optional<double> number(const char* key, double minimum, double maximum) const {
+    if (!has(key)) return std::nullopt;
+    const json& value = body_.at(key);
+    if (!value.is_number()) throw invalid_request(fmt::format("'{}' must be a number", key), key);
+    const double number = value.get<double>();
+    if (!(number >= minimum && number <= maximum)) {
+      throw invalid_request(fmt::format("'{}' must be between {} and {}, got {}", key, minimum, maximum, number), key);
+    }
+    return number;
+  }
+  std::optional<int64_t> integer(const char* key, int64_t minimum, int64_t maximum) const {
+    if (!has(key)) return std::nullopt;
+    const json& value = body_.at(key);
+    if (!value.is_number_integer()) throw invalid_request(fmt::format("'{}' must be an integer", key), key);
+    const int64_t number = value.get<int64_t>();
+    if (number < minimum || number > maximum) {
+      throw invalid_request(fmt::format("'{}' must be between {} and {}, got {}", key, minimum, maximum, number), key);
+    }
+    return number;
+  }
+  std::optional<bool> boolean(const char* key) const {
+    if (!has(key)) return std::nullopt;
+    const json& value = body_.at(key);
+    if (!value.is_boolean()) throw invalid_request(fmt::format("'{}' must be true or false", key), key);
+    return value.get<bool>();
+  }
+  std::optional<std::string> string(const char* key) const {
+    if (!has(key)) return std::nullopt;
+    const json& value = body_.at(key);
+    if (!value.is_string()) throw invalid_request(fmt::format("'{}' must be a string", key), key);
+    return value.get<std::string>();
+  }
+
+ private:
+  const json& body_;
+};
+
+// The fields both endpoints share: sampling, penalties, stop, budget, streaming.
+void parse_common(const json& body, const ServedModel& model, ParsedRequest& request) {
+  if (!body.is_object()) throw invalid_request("the request body must be a JSON object");
+  const Fields fields(body);
+  if (fields.has("model")) fields.string("model");
+  if (auto n = fields.integer("n", 1, 128); n && *n != 1) throw invalid_request("only n = 1 is supported", "n");
+  if (fields.boolean("echo").value_or(false)) throw invalid_request("'echo' is not supported", "echo");
+  if (fields.has("best_of")) {
+    if (auto best_of = fields.integer("best_of", 1, 128); best_of && *best_of != 1) throw invalid_request("only best_of = 1 is supported", "best_of");
+  }
+
+  request.stream = fields.boolean("stream").value_or(false);
+  if (fields.has("stream_options")) {
+    const json& options = fields.at("stream_options");
+    if (!options.is_object()) throw invalid_request("'stream_options' must be an object", "stream_options");
+    if (options.contains("include_usage") && !options["include_usage"].is_null()) {
+      if (!options["include_usage"].is_boolean()) throw invalid_request("'stream_options.include_usage' must be true or false", "stream_options");
+      request.include_usage = options["include_usage"].get<bool>();
+    }
+  }
+
+  request.sampling.temperature = static_cast<float>(fields.number("temperature", 0.0, 2.0).value_or(1.0));
+  request.sampling.top_p = static_cast<float>(fields.number("top_p", 0.0, 1.0).value_or(1.0));
+  if (request.sampling.top_p <= 0.0f) request.sampling.top_p = 1e-6f;  // top_p 0 keeps only the best token
+  request.sampling.top_k = static_cast<int>(fields.integer("top_k", -1, 1 << 20).value_or(0));
+  if (request.sampling.top_k < 0) request.sampling.top_k = 0;
+  request.sampling.min_p = static_cast<float>(fields.number("min_p", 0.0, 1.0).value_or(0.0));
+  if (auto seed = fields.integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
+    request.sampling.seed = static_cast<uint64_t>(*seed);
+  } else {
+    request.sampling.seed = std::random_device{}();
+  }
+  request.presence_penalty = static_cast<float>(fields.number("presence_penalty", -2.0, 2.0).value_or(0.0));
+  request.frequency_penalty = static_cast<float>(fields.number("frequency_penalty", -2.0, 2.0).value_or(0.0));
+  request.ignore_eos = fields.boolean("ignore_eos").value_or(false);
+  if (auto timeout = fields.number("timeout", 0.0, 86400.0)) request.timeout_seconds = *timeout;
+
+  if (fields.has("stop")) {
+    const json& stop = fields.at("stop");
+    if (stop.is_string()) {
+      request.stop.push_back(stop.get<std::string>());
+    } else if (stop.is_array()) {
+      if (stop.size() > 16) throw invalid_request("'stop' holds at most 16 strings", "stop");
+      for (const json& item : stop) {
+        if (!item.is_string()) throw invalid_request("'stop' must be a string or a list of strings", "stop");
+        request.stop.push_back(item.get<std::string>());
+      }
+    } else {
+      throw invalid_request("'stop' must be a string or a list of strings", "stop");
+    }
+    for (const std::string& text : request.stop) {
+      if (text.empty()) throw invalid_request("'stop' strings must not be empty", "stop");
+    }
+  }
+
+  // The budget: max_completion_tokens (current) or max_tokens (legacy); at least 1, and room in the context.
+  std::optional<int64_t> budget = fields.integer("max_completion_tokens", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+  const char* budget_name = "max_completion_tokens";
+  if (!budget) {
+    budget = fields.integer("max_tokens", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+    budget_name = "max_tokens";
+  }
+  const int64_t room = static_cast<int64_t>(model.context_tokens) - static_cast<int64_t>(request.prompt_tokens.size());
+  if (room <= 0) {
+    throw ApiError(400, "invalid_request_error",
+                   fmt::format("the prompt has {} tokens but the context holds {}", request.prompt_tokens.size(), model.context_tokens),
+                   "messages", "context_length_exceeded");
+  }
+  if (budget) {
+    if (*budget < 1) throw invalid_request(fmt::format("'{}' must be at least 1", budget_name), budget_name);
+    if (*budget > room) {
+      throw ApiError(400, "invalid_request_error",
+                     fmt::format("'{}' is {} but only {} tokens of context are left after the {}-token prompt", budget_name, *budget, room,
+                                 request.prompt_tokens.size()),
+                     budget_name, "context_length_exceeded");
+    }
+    request.max_tokens = static_cast<int>(*budget);
+  } else {
+    request.max_tokens = static_cast<int>(room);
+  }
+}
+
+}  // namespace
+
+ApiError invalid_request(const std::string& message, const std::string& param) {
+  return ApiError(400, "invalid_request_error", message, param);
+}
+
+nlohmann::json error_body(const ApiError& error) {
+  return {{"error",
+           {{"message", error.what()},
+            {"type", error.type},
+            {"param", error.param.empty() ? json(nullptr) : json(error.param)},
+            {"code", error.code.empty() ? json(nullptr) : json(error.code)}}}};
+}
+
+ParsedRequest parse_chat_request(const json& body, const ServedModel& model) {
+  if (!body.is_object()) throw invalid_request("the request body must be a JSON object");
+  ParsedRequest request;
+  request.chat = true;
+  const Fields fields(body);
+  if (!fields.has("messages")) throw invalid_request("'messages' is required", "messages");
+  const json& messages = fields.at("messages");
+  if (!messages.is_array() || messages.empty()) throw invalid_request("'messages' must be a non-empty list", "messages");
+
+  ChatOptions options;
+  options.style = model.prompt_style;
+  if (fields.has("chat_template_kwargs")) {
+    const json& kwargs = fields.at("chat_template_kwargs");
+    if (!kwargs.is_object()) throw invalid_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    if (kwargs.contains("enable_thinking") && !kwargs["enable_thinking"].is_null()) {
+      if (!kwargs["enable_thinking"].is_boolean()) throw invalid_request("'enable_thinking' must be true or false", "chat_template_kwargs");
+      options.enable_thinking = kwargs["enable_thinking"].get<bool>();
+    }
+  }
+  if (auto effort = fields.string("reasoning_effort")) {
+    if (*effort != "none" && *effort != "minimal" && *effort != "low" && *effort != "medium" && *effort != "high") {
+      throw invalid_request("'reasoning_effort' must be one of none, minimal, low, medium, high", "reasoning_effort");
+    }
+    options.enable_thinking = *effort != "none";
+  }
+
+  json tools = nullptr;
+  if (fields.has("tools")) {
+    tools = fields.at("tools");
+    if (!tools.is_array()) throw invalid_request("'tools' must be a list", "tools");
+  }
+  if (fields.has("tool_choice")) {
+    const json& choice = fields.at("tool_choice");
+    if (choice.is_string()) {
+      const std::string value = choice.get<std::string>();
+      if (value != "none" && value != "auto" && value != "required") throw invalid_request("'tool_choice' must be none, auto, required or an object", "tool_choice");
+      if (value == "none") tools = nullptr;  // the model is not told about tools it may not call
+    } else if (!choice.is_object()) {
+      throw invalid_request("'tool_choice' must be none, auto, required or an object", "tool_choice");
+    }
+  }
+  request.has_tools = tools.is_array() && !tools.empty();
+
+  std::string prompt;
+  try {
+    prompt = render_chat(messages, tools, options);
+  } catch (const Error& error) {
+    throw invalid_request(error.what(), "messages");
+  }
+  request.prompt_tokens = model.tokenizer->encode(prompt);
+
+  // logprobs: true plus top_logprobs (0..20).
+  const bool logprobs = fields.boolean("logprobs").value_or(false);
+  const auto top = fields.integer("top_logprobs", 0, 20);
+  if (top && !logprobs) throw invalid_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  request.logprobs = logprobs ? static_cast<int>(top.value_or(0)) : -1;
+
+  parse_common(body, model, request);
+  return request;
+}
+
+ParsedRequest parse_completion_request(const json& body, const ServedModel& model) {
+  if (!body.is_object()) throw invalid_request("the request body must be a JSON object");
+  ParsedRequest request;
+  request.chat = false;
+  const Fields fields(body);
+  if (!fields.has("prompt")) throw invalid_request("'prompt' is required", "prompt");
+  const json& prompt = fields.at("prompt");
+  // A raw completion: the text is not wrapped in the chat format; it starts with exactly one <bos>.
+  if (prompt.is_string()) {
+    request.prompt_tokens = model.tokenizer->encode(prompt.get<std::string>());
+  } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
+    request.prompt_tokens = model.tokenizer->encode(prompt[0].get<std::string>());
+  } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
+    for (const json& id : prompt) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= model.vocab_size) {
+        throw invalid_request(fmt::format("'prompt' token ids must be integers in [0, {})", model.vocab_size), "prompt");
+      }
+      request.prompt_tokens.push_back(id.get<int32_t>());
+    }
+  } else {
+    throw invalid_request("'prompt' must be a string, a list holding one string, or a list of token ids", "prompt");
+  }
+  if (request.prompt_tokens.empty() || request.prompt_tokens.front() != model.bos_token_id) {
+    request.prompt_tokens.insert(request.prompt_tokens.begin(), model.bos_token_id);
+  }
+  if (auto logprobs = fields.integer("logprobs", 0, 20)) request.logprobs = static_cast<int>(*logprobs);
+  parse_common(body, model, request);
+  return request;
+}
+
+}  // namespace gemma4rt::serve

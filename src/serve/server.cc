@@ -1,0 +1,535 @@
+#include "serve/server.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <httplib.h>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "serve/output_parser.h"
+#include "serve/stop_strings.h"
+
+namespace gemma4rt::serve {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// While a response waits for tokens, something is written this often so a vanished client is noticed.
+constexpr auto kHeartbeatInterval = std::chrono::milliseconds(250);
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// One generated token as the HTTP side sees it: the text it released (after stop strings) and, when
+// asked for, its log-probabilities.
+struct Piece {
+  std::string text;
+  int32_t token = -1;
+  std::optional<float> logprob;
+  std::vector<TokenLogprob> top_logprobs;
+};
+
+// Shared by the engine thread (producer) and the HTTP thread (consumer) of one request.
+struct Session {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<Piece> pieces;
+  bool finished = false;
+  std::string finish_reason;
+  std::string error;
+  int completion_tokens = 0;
+  std::shared_ptr<SequenceHandle> handle;
+
+  // Engine-thread state.
+  std::unique_ptr<StreamingDecoder> decoder;
+  std::unique_ptr<StopStringFilter> stops;
+  bool stopped_by_string = false;
+
+  void push(Piece piece) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      pieces.push_back(std::move(piece));
+    }
+    changed.notify_all();
+  }
+};
+
+// The token's text for logprobs: its piece with the word-boundary marker shown as a space.
+std::string token_piece(const Tokenizer& tokenizer, int32_t token) {
+  const int32_t ids[1] = {token};
+  return tokenizer.decode(ids, false);
+}
+
+json token_bytes(const std::string& text) {
+  json bytes = json::array();
+  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+json chat_logprob_entry(const Tokenizer& tokenizer, const Piece& piece) {
+  const std::string text = token_piece(tokenizer, piece.token);
+  json top = json::array();
+  for (const TokenLogprob& alternative : piece.top_logprobs) {
+    const std::string alternative_text = token_piece(tokenizer, alternative.token);
+    top.push_back({{"token", alternative_text}, {"logprob", alternative.logprob}, {"bytes", token_bytes(alternative_text)}});
+  }
+  return {{"token", text}, {"logprob", *piece.logprob}, {"bytes", token_bytes(text)}, {"top_logprobs", top}};
+}
+
+std::string sse(const json& data) {
+  return "data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+// Turns the session's pieces into OpenAI objects; used for both the streamed and the whole response.
+class ResponseBuilder {
+ public:
+  ResponseBuilder(const ParsedRequest& request, const ServingState& state, std::string id)
+      : request_(request), state_(state), id_(std::move(id)), created_(unix_seconds()) {}
+
+  // Consumes pieces; returns the stream chunks they produce (chat: content/reasoning/tool-call deltas).
+  std::vector<json> consume(std::deque<Piece>& pieces) {
+    std::vector<json> chunks;
+    while (!pieces.empty()) {
+      Piece piece = std::move(pieces.front());
+      pieces.pop_front();
+      json logprobs = nullptr;
+      if (piece.logprob && piece.token >= 0) logprobs = record_logprob(piece);
+      if (request_.chat) {
+        OutputDelta delta = parser_.push(piece.text);
+        json chunk = delta_chunk(delta, logprobs);
+        if (!chunk.is_null()) chunks.push_back(std::move(chunk));
+      } else {
+        text_ += piece.text;
+        if (!piece.text.empty() || !logprobs.is_null()) chunks.push_back(completion_chunk(piece.text, logprobs, nullptr));
+      }
+    }
+    return chunks;
+  }
+
+  // The last chunks of a stream: what the parser held back, the finish reason, the usage.
+  std::vector<json> finish_stream(const std::string& reason, int completion_tokens) {
+    std::vector<json> chunks;
+    if (request_.chat) {
+      OutputDelta delta = parser_.finish();
+      json chunk = delta_chunk(delta, nullptr);
+      if (!chunk.is_null()) chunks.push_back(std::move(chunk));
+      json last = chat_chunk(json::object(), nullptr);
+      last["choices"][0]["finish_reason"] = finish_reason(reason);
+      chunks.push_back(std::move(last));
+    } else {
+      chunks.push_back(completion_chunk("", nullptr, finish_reason(reason)));
+    }
+    if (request_.include_usage) {
+      json usage_chunk = {{"id", id_}, {"object", request_.chat ? "chat.completion.chunk" : "text_completion"},
+                          {"created", created_}, {"model", state_.model.id}, {"choices", json::array()},
+                          {"usage", usage(completion_tokens)}};
+      chunks.push_back(std::move(usage_chunk));
+    }
+    return chunks;
+  }
+
+  json first_chunk() { return chat_chunk({{"role", "assistant"}, {"content", ""}}, nullptr); }
+
+  json whole(const std::string& reason, int completion_tokens) {
+    json choice = {{"index", 0}, {"finish_reason", nullptr}};
+    if (request_.chat) {
+      parser_.finish();
+      const ParsedOutput& parsed = parser_.result();
+      tool_calls_seen_ = tool_calls_seen_ || !parsed.tool_calls.empty();
+      json message = {{"role", "assistant"}, {"content", parsed.content}};
+      if (parsed.reasoning) message["reasoning_content"] = *parsed.reasoning;
+      if (!parsed.tool_calls.empty()) {
+        json calls = json::array();
+        for (const ToolCall& call : parsed.tool_calls) calls.push_back(tool_call_json(call, std::nullopt));
+        message["tool_calls"] = calls;
+        if (parsed.content.empty()) message["content"] = nullptr;
+      }
+      choice["message"] = message;
+      choice["logprobs"] = request_.logprobs >= 0 ? json{{"content", chat_logprobs_}} : json(nullptr);
+      choice["finish_reason"] = finish_reason(reason);
+    } else {
+      choice["text"] = text_;
+      choice["logprobs"] = request_.logprobs >= 0 ? completion_logprobs_ : json(nullptr);
+      choice["finish_reason"] = finish_reason(reason);
+    }
+    return {{"id", id_},
+            {"object", request_.chat ? "chat.completion" : "text_completion"},
+            {"created", created_},
+            {"model", state_.model.id},
+            {"choices", json::array({choice})},
+            {"usage", usage(completion_tokens)}};
+  }
+
+ private:
+  std::string finish_reason(const std::string& reason) {
+    if (reason == "stop" && tool_calls_seen_) return "tool_calls";
+    if (reason == "stop" || reason == "length") return reason;
+    return "stop";  // cancelled/timeout end a stream cleanly
+  }
+
+  json usage(int completion_tokens) const {
+    const int prompt = static_cast<int>(request_.prompt_tokens.size());
+    return {{"prompt_tokens", prompt}, {"completion_tokens", completion_tokens}, {"total_tokens", prompt + completion_tokens}};
+  }
+
+  json record_logprob(const Piece& piece) {
+    const Tokenizer& tokenizer = *state_.tokenizer;
+    if (request_.chat) {
+      json entry = chat_logprob_entry(tokenizer, piece);
+      chat_logprobs_.push_back(entry);
+      return {{"content", json::array({entry})}};
+    }
+    const std::string text = token_piece(tokenizer, piece.token);
+    json top = json::object();
+    for (const TokenLogprob& alternative : piece.top_logprobs) top[token_piece(tokenizer, alternative.token)] = alternative.logprob;
+    if (completion_logprobs_.is_null()) {
+      completion_logprobs_ = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+    }
+    completion_logprobs_["tokens"].push_back(text);
+    completion_logprobs_["token_logprobs"].push_back(*piece.logprob);
+    completion_logprobs_["top_logprobs"].push_back(top);
+    completion_logprobs_["text_offset"].push_back(text_offset_);
+    text_offset_ += static_cast<int>(text.size());
+    return {{"tokens", {text}}, {"token_logprobs", {*piece.logprob}}, {"top_logprobs", {top}}, {"text_offset", {text_offset_ - static_cast<int>(text.size())}}};
+  }
+
+  json tool_call_json(const ToolCall& call, std::optional<int> index) {
+    json entry = {{"id", fmt::format("call_{}_{}", id_.substr(id_.find('-') + 1), tool_call_count_++)},
+                  {"type", "function"},
+                  {"function", {{"name", call.name}, {"arguments", call.arguments_json}}}};
+    if (index) entry["index"] = *index;
+    return entry;
+  }
+
+  json chat_chunk(json delta, json logprobs) {
+    return {{"id", id_},
+            {"object", "chat.completion.chunk"},
+            {"created", created_},
+            {"model", state_.model.id},
+            {"choices", json::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}}})}};
+  }
+
+  json delta_chunk(const OutputDelta& delta, json logprobs) {
+    json body = json::object();
+    if (!delta.reasoning.empty()) body["reasoning_content"] = delta.reasoning;
+    if (!delta.content.empty()) body["content"] = delta.content;
+    if (!delta.completed_tool_calls.empty()) {
+      tool_calls_seen_ = true;
+      json calls = json::array();
+      for (const ToolCall& call : delta.completed_tool_calls) calls.push_back(tool_call_json(call, streamed_tool_calls_++));
+      body["tool_calls"] = calls;
+    }
+    if (body.empty() && logprobs.is_null()) return nullptr;
+    return chat_chunk(std::move(body), std::move(logprobs));
+  }
+
+  json completion_chunk(const std::string& text, json logprobs, json finish) {
+    return {{"id", id_},
+            {"object", "text_completion"},
+            {"created", created_},
+            {"model", state_.model.id},
+            {"choices", json::array({{{"index", 0}, {"text", text}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}})}};
+  }
+
+  const ParsedRequest& request_;
+  const ServingState& state_;
+  std::string id_;
+  int64_t created_;
+  StreamingOutputParser parser_;
+  std::string text_;
+  json chat_logprobs_ = json::array();
+  json completion_logprobs_ = nullptr;
+  int text_offset_ = 0;
+  int tool_call_count_ = 0;
+  int streamed_tool_calls_ = 0;
+  bool tool_calls_seen_ = false;
+};
+
+}  // namespace
+
+Server::Server(const ServerOptions& options) : options_(options), http_(std::make_unique<httplib::Server>()) {}
+
+Server::~Server() {
+  if (http_ && http_->is_running()) http_->stop();
+  if (listener_ && listener_->joinable()) listener_->join();
+}
+
+void Server::send_error(httplib::Response& response, const ApiError& error, const std::string& route) {
+  response.status = error.status;
+  response.set_content(error_body(error).dump(), "application/json");
+  metrics_.count_request(route, error.status);
+}
+
+bool Server::authorized(const httplib::Request& request, httplib::Response& response) {
+  if (options_.api_key.empty()) return true;
+  const std::string expected = "Bearer " + options_.api_key;
+  if (request.get_header_value("Authorization") == expected) return true;
+  send_error(response, ApiError(401, "authentication_error", "missing or wrong API key (send 'Authorization: Bearer KEY')", {}, "invalid_api_key"),
+             request.path);
+  return false;
+}
+
+void Server::start() {
+  httplib::Server& http = *http_;
+  const int threads = options_.http_threads > 0 ? options_.http_threads : 64;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_payload_max_length(options_.max_body_bytes);
+  http.set_read_timeout(30, 0);
+  http.set_write_timeout(30, 0);
+
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
+    const bool ok = ready_.load() && !draining_.load();
+    response.status = ok ? 200 : 503;
+    response.set_content(json{{"status", ok ? "ok" : (draining_.load() ? "draining" : "loading")}}.dump(), "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
+    std::optional<SchedulerStats> stats;
+    if (ready_.load()) stats = state_->scheduler->stats();
+    response.set_content(metrics_.render(stats ? &*stats : nullptr, ready_.load(), draining_.load()), "text/plain; version=0.0.4");
+  });
+  http.Get("/v1/models", [this](const httplib::Request& request, httplib::Response& response) {
+    if (!authorized(request, response)) return;
+    if (!ready_.load()) {
+      send_error(response, ApiError(503, "server_error", "the model is still loading"), "/v1/models");
+      return;
+    }
+    const json model = {{"id", state_->model.id}, {"object", "model"}, {"created", 0}, {"owned_by", "gemma4rt"},
+                        {"max_model_len", state_->model.context_tokens}};
+    response.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+    metrics_.count_request("/v1/models", 200);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    handle_completion(request, response, true);
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    handle_completion(request, response, false);
+  });
+  // Anything the routes did not answer (unknown path, wrong method, body too large) gets an error object.
+  http.set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
+    if (!response.body.empty()) return;
+    std::string message = fmt::format("no route for {} {}", request.method, request.path);
+    std::string type = "invalid_request_error";
+    if (response.status == 413) message = fmt::format("the request body exceeds {} bytes", options_.max_body_bytes);
+    if (response.status >= 500) type = "server_error";
+    response.set_content(error_body(ApiError(response.status, type, message)).dump(), "application/json");
+    metrics_.count_request("other", response.status);
+  });
+  http.set_exception_handler([this](const httplib::Request& request, httplib::Response& response, std::exception_ptr pointer) {
+    std::string message = "internal error";
+    try {
+      if (pointer) std::rethrow_exception(pointer);
+    } catch (const std::exception& error) {
+      message = error.what();
+    }
+    send_error(response, ApiError(500, "server_error", message), request.path);
+  });
+
+  if (options_.port == 0) {
+    port_ = http.bind_to_any_port(options_.host);
+  } else {
+    port_ = http.bind_to_port(options_.host, options_.port) ? options_.port : -1;
+  }
+  if (port_ <= 0) fail("cannot listen on {}:{} (in use, or not an address of this machine)", options_.host, options_.port);
+  listener_ = std::make_unique<std::thread>([this] { http_->listen_after_bind(); });
+}
+
+void Server::set_ready(std::shared_ptr<ServingState> state) {
+  state_ = std::move(state);
+  ready_.store(true);
+}
+
+void Server::drain() {
+  draining_.store(true);
+  if (state_) state_->scheduler->drain();
+  // The scheduler is idle; wait for the last responses to be written out.
+  while (active_responses_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  http_->stop();
+}
+
+void Server::wait() {
+  if (listener_ && listener_->joinable()) listener_->join();
+}
+
+void Server::handle_completion(const httplib::Request& http_request, httplib::Response& response, bool chat) {
+  const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
+  if (!authorized(http_request, response)) return;
+  if (draining_.load()) {
+    send_error(response, ApiError(503, "server_error", "the server is shutting down"), route);
+    return;
+  }
+  if (!ready_.load()) {
+    send_error(response, ApiError(503, "server_error", "the model is still loading"), route);
+    return;
+  }
+  ServingState& state = *state_;
+  ParsedRequest request;
+  try {
+    json body;
+    try {
+      body = json::parse(http_request.body);
+    } catch (const json::exception& error) {
+      throw invalid_request(fmt::format("the body is not valid JSON: {}", error.what()));
+    }
+    request = chat ? parse_chat_request(body, state.model) : parse_completion_request(body, state.model);
+  } catch (const ApiError& error) {
+    send_error(response, error, route);
+    return;
+  }
+
+  auto session = std::make_shared<Session>();
+  // Chat output keeps its special tokens as text for the output parser; completions show plain text.
+  session->decoder = std::make_unique<StreamingDecoder>(*state.tokenizer, /*skip_special_tokens=*/!chat);
+  session->stops = std::make_unique<StopStringFilter>(request.stop);
+
+  SequenceRequest sequence;
+  sequence.prompt = request.prompt_tokens;
+  sequence.max_tokens = request.max_tokens;
+  sequence.sampling = request.sampling;
+  sequence.presence_penalty = request.presence_penalty;
+  sequence.frequency_penalty = request.frequency_penalty;
+  sequence.ignore_eos = request.ignore_eos;
+  sequence.stop_token_ids = state.model.eos_token_ids;
+  sequence.top_logprobs = request.logprobs;
+  const double timeout = request.timeout_seconds.value_or(options_.request_timeout_seconds);
+  if (timeout > 0) sequence.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
+  sequence.on_token = [session](const TokenEvent& event) {
+    Session& s = *session;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      ++s.completion_tokens;
+    }
+    Piece piece;
+    piece.token = event.token;
+    piece.logprob = event.logprob;
+    piece.top_logprobs = event.top_logprobs;
+    if (event.is_stop_token) {
+      // The stop token ends the answer; it is counted but not shown.
+      piece.token = -1;
+      s.push(std::move(piece));
+      return true;
+    }
+    StopStringFilter::Result released = s.stops->push(s.decoder->push(event.token));
+    piece.text = std::move(released.text);
+    s.push(std::move(piece));
+    if (released.stopped) s.stopped_by_string = true;
+    return !released.stopped;
+  };
+  sequence.on_finish = [session](const std::string& reason, const std::string& error) {
+    Session& s = *session;
+    Piece rest;
+    if (!s.stopped_by_string) {
+      StopStringFilter::Result released = s.stops->push(s.decoder->finish());
+      rest.text = released.text + (released.stopped ? std::string() : s.stops->finish());
+    }
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (!rest.text.empty()) s.pieces.push_back(std::move(rest));
+      s.finished = true;
+      s.finish_reason = reason;
+      s.error = error;
+    }
+    s.changed.notify_all();
+  };
+
+  try {
+    session->handle = state.scheduler->submit(std::move(sequence));
+  } catch (const Error& error) {
+    send_error(response, invalid_request(error.what()), route);
+    return;
+  }
+  if (!session->handle) {
+    if (draining_.load()) {
+      send_error(response, ApiError(503, "server_error", "the server is shutting down"), route);
+    } else {
+      send_error(response, ApiError(429, "rate_limit_error", "too many requests are waiting; try again later", {}, "queue_full"), route);
+    }
+    return;
+  }
+  metrics_.add_prompt_tokens(static_cast<int64_t>(request.prompt_tokens.size()));
+  metrics_.count_request(route, 200);
+  active_responses_++;
+
+  const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_++);
+  auto shared_request = std::make_shared<ParsedRequest>(std::move(request));
+  auto builder = std::make_shared<ResponseBuilder>(*shared_request, state, id);
+  auto done = std::make_shared<bool>(false);
+  auto finished_once = [this, session, done]() {
+    if (*done) return;
+    *done = true;
+    metrics_.add_completion_tokens(session->completion_tokens);
+    active_responses_--;
+  };
+
+  // Both kinds of response are produced chunk by chunk, so a vanished client is noticed by a failed
+  // write and its sequence cancelled. A whole (non-streamed) response writes heartbeat spaces, which
+  // JSON allows before the value, until the answer is complete.
+  const bool stream = shared_request->stream;
+  const std::string content_type = stream ? "text/event-stream" : "application/json";
+  auto started = std::make_shared<bool>(false);
+  auto last_write = std::make_shared<Clock::time_point>(Clock::now());
+  response.set_header("Cache-Control", "no-cache");
+  response.set_chunked_content_provider(
+      content_type,
+      // The builder refers to the parsed request: the lambda keeps both alive.
+      [session, builder, shared_request, stream, started, chat, last_write](size_t, httplib::DataSink& sink) {
+        auto write = [&](const std::string& text) {
+          if (!sink.write(text.data(), text.size())) {
+            session->handle->cancel();
+            return false;
+          }
+          *last_write = Clock::now();
+          return true;
+        };
+        const auto heartbeat_due = [&] { return Clock::now() - *last_write >= kHeartbeatInterval; };
+        if (stream && chat && !*started) {
+          *started = true;
+          if (!write(sse(builder->first_chunk()))) return false;
+        }
+        std::deque<Piece> pieces;
+        bool finished = false;
+        std::string reason;
+        int completion_tokens = 0;
+        {
+          std::unique_lock<std::mutex> lock(session->mutex);
+          session->changed.wait_for(lock, kHeartbeatInterval, [&] { return session->finished || !session->pieces.empty(); });
+          pieces.swap(session->pieces);
+          finished = session->finished;
+          reason = session->finish_reason;
+          completion_tokens = session->completion_tokens;
+        }
+        const std::vector<json> chunks = builder->consume(pieces);
+        if (stream) {
+          for (const json& chunk : chunks) {
+            if (!write(sse(chunk))) return false;
+          }
+          if (chunks.empty() && !finished && heartbeat_due() && !write(": keep-alive\n\n")) return false;
+        } else if (!finished && heartbeat_due() && !write(" ")) {
+          return false;
+        }
+        if (!finished) return true;
+        if (stream) {
+          for (const json& chunk : builder->finish_stream(reason, completion_tokens)) {
+            if (!write(sse(chunk))) return false;
+          }
+          if (!write("data: [DONE]\n\n")) return false;
+        } else {
+          if (!write(builder->whole(reason, completion_tokens).dump(-1, ' ', false, json::error_handler_t::replace))) return false;
+        }
+        sink.done();
+        return true;
+      },
+      [session, finished_once](bool) {
+        // However the response ended (done, or the client went away), the sequence need not run on.
+        session->handle->cancel();
+        finished_once();
+      });
+}
+
+}  // namespace gemma4rt::serve

@@ -1,0 +1,73 @@
+// gemma4rt's OpenAI-compatible HTTP server: routes, authentication, streaming (SSE) and draining.
+// Requests are validated (openai_api), rendered and tokenized here, then run by the BatchScheduler;
+// generated tokens come back through a per-request session that the HTTP thread turns into
+// OpenAI responses or chunks.
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/batch_scheduler.h"
+#include "serve/metrics.h"
+#include "serve/openai_api.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace gemma4rt::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;                 // empty: no authentication
+  double request_timeout_seconds = 600.0;
+  size_t max_body_bytes = size_t{8} << 20;
+  int http_threads = 0;                // 0: enough for every running and queued request plus spares
+};
+
+// What the server serves once loading finished.
+struct ServingState {
+  ServedModel model;
+  std::unique_ptr<BatchScheduler> scheduler;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+class Server {
+ public:
+  explicit Server(const ServerOptions& options);
+  ~Server();
+
+  // Binds the port (throws Error if it cannot) and serves on a background thread; /health answers 503
+  // until set_ready().
+  void start();
+  void set_ready(std::shared_ptr<ServingState> state);
+  // Stops accepting (new requests get 503), lets in-flight requests finish, then stops the listener.
+  void drain();
+  // Blocks until the listener stopped.
+  void wait();
+  int port() const { return port_; }
+
+ private:
+  void handle_completion(const httplib::Request& request, httplib::Response& response, bool chat);
+  bool authorized(const httplib::Request& request, httplib::Response& response);
+  void send_error(httplib::Response& response, const ApiError& error, const std::string& route);
+
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::shared_ptr<ServingState> state_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<int> active_responses_{0};
+  std::atomic<uint64_t> next_id_{1};
+  Metrics metrics_;
+  int port_ = 0;
+  std::unique_ptr<std::thread> listener_;
+};
+
+}  // namespace gemma4rt::serve

@@ -1,0 +1,164 @@
+// gemma4rt bench: prompt processing and decode speed of a checkpoint, against the machine's own
+// memory-bandwidth ceiling measured by a short probe. Decode is memory-bound, so decode tok/s times
+// the weight bytes a token reads, divided by the probe's bandwidth, says how close to the limit it runs.
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/transformer.h"
+#include "kernels/cpu/bandwidth.h"
+#include "kernels/cpu/isa.h"
+#include "model/weights.h"
+#include "tools/commands.h"
+#include "tools/engine_flags.h"
+
+namespace gemma4rt::tools {
+namespace {
+
+struct BenchFlags {
+  std::string model_dir;
+  int prompt_tokens = 512;
+  int decode_tokens = 128;
+  int depth = 0;
+  int repeats = 1;
+  bool json = false;
+  EngineFlags engine;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Token ids that are ordinary text in every Gemma vocabulary (no special tokens), drawn reproducibly.
+std::vector<int32_t> bench_tokens(int count, int vocab, uint64_t seed) {
+  std::mt19937_64 random(seed);
+  std::uniform_int_distribution<int32_t> pick(std::min(1000, vocab / 2), vocab - 1);
+  std::vector<int32_t> tokens(count);
+  for (int32_t& token : tokens) token = pick(random);
+  return tokens;
+}
+
+struct DecodeFigures {
+  double tokens_per_second = 0.0;
+  double ms_per_token = 0.0;
+};
+
+// Decodes `count` tokens starting at `position` (the cache already holds everything before it).
+DecodeFigures time_decode(Transformer& transformer, int position, int count) {
+  std::vector<int32_t> tokens = bench_tokens(count, transformer.config().vocab_size, 7);
+  transformer.forward(std::span<const int32_t>(&tokens[0], 1), position, false);  // warm-up, not timed
+  const auto start = Clock::now();
+  for (int i = 1; i < count; ++i) transformer.forward(std::span<const int32_t>(&tokens[i], 1), position + i, false);
+  const double seconds = seconds_since(start);
+  DecodeFigures figures;
+  figures.ms_per_token = seconds * 1000.0 / std::max(1, count - 1);
+  figures.tokens_per_second = (count - 1) / seconds;
+  return figures;
+}
+
+int bench(const BenchFlags& flags) {
+  if (flags.prompt_tokens < 1 || flags.decode_tokens < 2) fail("-p must be at least 1 and -n at least 2");
+  const auto load_start = Clock::now();
+  auto model = Model::load(flags.model_dir);
+  const ModelConfig& config = model->config();
+  EngineOptions options = flags.engine.options();
+  options.context_tokens = std::max(flags.prompt_tokens, flags.depth) + flags.decode_tokens + 1;
+  options.max_chunk_tokens = std::min(flags.prompt_tokens, 512);
+  fmt::print(stderr, "bench: preparing {} ({} layers) ...\n", flags.model_dir, config.num_layers);
+  Transformer transformer(*model, options);
+  const double load_seconds = seconds_since(load_start);
+
+  fmt::print(stderr, "bench: probing memory bandwidth ...\n");
+  const double bandwidth = kernels::measure_read_bandwidth(transformer.thread_pool());
+
+  // Prompt processing: a fresh prompt of -p tokens, best of --repeats.
+  const std::vector<int32_t> prompt = bench_tokens(flags.prompt_tokens, config.vocab_size, 1);
+  double prompt_seconds = 1e30;
+  for (int repeat = 0; repeat < std::max(1, flags.repeats); ++repeat) {
+    fmt::print(stderr, "bench: prompt of {} tokens ...\n", flags.prompt_tokens);
+    const auto start = Clock::now();
+    transformer.forward(prompt, 0, false);
+    prompt_seconds = std::min(prompt_seconds, seconds_since(start));
+  }
+  double prompt_flops = 0.0;
+  for (int position = 0; position < flags.prompt_tokens; ++position) {
+    prompt_flops += transformer.matmul_flops_per_token() + transformer.attention_flops_per_token(position);
+  }
+
+  fmt::print(stderr, "bench: decoding {} tokens at depth 0 ...\n", flags.decode_tokens);
+  const DecodeFigures at_zero = time_decode(transformer, 0, flags.decode_tokens);
+  DecodeFigures at_depth = at_zero;
+  if (flags.depth > 0) {
+    fmt::print(stderr, "bench: filling the context to depth {} ...\n", flags.depth);
+    const std::vector<int32_t> fill = bench_tokens(flags.depth, config.vocab_size, 3);
+    transformer.forward(fill, 0, false);
+    fmt::print(stderr, "bench: decoding {} tokens at depth {} ...\n", flags.decode_tokens, flags.depth);
+    at_depth = time_decode(transformer, flags.depth, flags.decode_tokens);
+  }
+
+  const double bytes_per_token = transformer.weight_bytes_per_token();
+  const double roofline_tokens_per_second = bandwidth / bytes_per_token;
+  nlohmann::json result = {
+      {"model", flags.model_dir},
+      {"kernels", transformer.reference() ? "reference" : kernels::isa_name(kernels::active_isa())},
+      {"dtype", transformer.reference() ? "f32-reference" : weight_format_name(transformer.weight_format())},
+      {"kv_cache", transformer.kv_cache().format() == KvFormat::kF32 ? "f32" : "bf16"},
+      {"threads", transformer.thread_pool().size()},
+      {"load_seconds", load_seconds},
+      {"prompt_tokens", flags.prompt_tokens},
+      {"prompt_tokens_per_s", flags.prompt_tokens / prompt_seconds},
+      {"prompt_gflops", prompt_flops / prompt_seconds / 1e9},
+      {"decode_tokens", flags.decode_tokens},
+      {"decode_tokens_per_s", at_zero.tokens_per_second},
+      {"decode_ms_per_token", at_zero.ms_per_token},
+      {"depth", flags.depth},
+      {"decode_tokens_per_s_at_depth", at_depth.tokens_per_second},
+      {"decode_depth_ratio", at_depth.tokens_per_second / at_zero.tokens_per_second},
+      {"weight_bytes_per_token", bytes_per_token},
+      {"read_bandwidth_gb_s", bandwidth / 1e9},
+      {"roofline_decode_tokens_per_s", roofline_tokens_per_second},
+      {"decode_percent_of_roofline", 100.0 * at_zero.tokens_per_second / roofline_tokens_per_second},
+      {"kv_cache_bytes", transformer.kv_cache().size_bytes()},
+      {"kv_bytes_per_context_token", transformer.kv_cache().bytes_per_context_token()},
+      {"owned_weight_bytes", transformer.owned_weight_bytes()},
+  };
+  if (flags.json) {
+    fmt::print("{}\n", result.dump(2));
+    return 0;
+  }
+  fmt::print("| model | kernels | dtype | threads | test | tok/s | figure |\n|---|---|---|---|---|---|---|\n");
+  const std::string head = fmt::format("| {} | {} | {} | {} ", flags.model_dir, result["kernels"].get<std::string>(),
+                                       result["dtype"].get<std::string>(), transformer.thread_pool().size());
+  fmt::print("{}| pp{} | {:.2f} | {:.1f} GFLOP/s |\n", head, flags.prompt_tokens, result["prompt_tokens_per_s"].get<double>(),
+             result["prompt_gflops"].get<double>());
+  fmt::print("{}| tg{} | {:.2f} | {:.1f}% of the {:.2f} tok/s roofline ({:.2f} GB/token at {:.1f} GB/s) |\n", head, flags.decode_tokens,
+             at_zero.tokens_per_second, result["decode_percent_of_roofline"].get<double>(), roofline_tokens_per_second,
+             bytes_per_token / 1e9, bandwidth / 1e9);
+  if (flags.depth > 0) {
+    fmt::print("{}| tg{} @ d{} | {:.2f} | {:.2f}x of depth 0 |\n", head, flags.decode_tokens, flags.depth, at_depth.tokens_per_second,
+               result["decode_depth_ratio"].get<double>());
+  }
+  fmt::print("\nKV cache: {:.1f} MiB allocated, {} bytes per token of context (sliding rings and KV-shared layers excluded)\n",
+             transformer.kv_cache().size_bytes() / 1048576.0, transformer.kv_cache().bytes_per_context_token());
+  return 0;
+}
+
+}  // namespace
+
+Action add_bench_command(CLI::App& app) {
+  auto flags = std::make_shared<BenchFlags>();
+  CLI::App* command = app.add_subcommand("bench", "Measure prompt and decode speed against the machine's memory-bandwidth roofline");
+  command->add_option("--model", flags->model_dir, "Checkpoint directory")->required();
+  command->add_option("-p,--prompt-tokens", flags->prompt_tokens, "Prompt length for the prefill test")->check(CLI::PositiveNumber);
+  command->add_option("-n,--decode-tokens", flags->decode_tokens, "Tokens to decode per decode test")->check(CLI::Range(2, 1 << 20));
+  command->add_option("-d,--depth", flags->depth, "Also decode after filling the context to this many tokens")->check(CLI::NonNegativeNumber);
+  command->add_option("-r,--repeats", flags->repeats, "Prompt repetitions (the best is reported)")->check(CLI::PositiveNumber);
+  command->add_flag("--json", flags->json, "Print the figures as JSON");
+  flags->engine.add_to(*command);
+  return [flags] { return bench(*flags); };
+}
+
+}  // namespace gemma4rt::tools

@@ -1,0 +1,415 @@
+// Fast matmul kernels: every instruction-set level this CPU runs, every weight format, shapes with
+// tails, compared with a double-precision reference computed from the same rounded operands
+// (bf16-rounded activations for bf16; dequantised q8 weights and activations for q8).
+//
+// Tolerance: |y - reference| <= 1e-5 * sum_k |x_k| |w_k| (+1e-30 for all-zero rows). The operands are
+// identical, so only fp32 accumulation order differs: every path sums in fp32 over 8-16 lane vectors
+// (scalar: sequentially), an error of a few 1e-7 of sum |x| |w| for the K used here.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/matmul.h"
+
+namespace gemma4rt::kernels {
+namespace {
+
+constexpr double kRelativeTolerance = 1e-5;
+
+std::vector<Isa> runnable_levels() {
+  std::vector<Isa> levels;
+  for (int level = 0; level <= static_cast<int>(detected_isa()); ++level) levels.push_back(static_cast<Isa>(level));
+  return levels;
+}
+
+// Restores the active level when a test ends, whatever it forced.
+class IsaGuard {
+ public:
+  IsaGuard() : saved_(active_isa()) {}
+  ~IsaGuard() { set_active_isa(saved_); }
+
+ private:
+  Isa saved_;
+};
+
+const char* format_name(WeightFormat format) {
+  return format == WeightFormat::kF32 ? "f32" : format == WeightFormat::kBF16 ? "bf16" : "q8";
+}
+
+std::vector<float> random_floats(std::mt19937& rng, size_t count, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(count);
+  for (float& value : values) value = normal(rng);
+  return values;
+}
+
+// A weight matrix in one format, with its values as the kernels see them (dequantised for q8).
+struct TestWeights {
+  WeightMatrix matrix;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  std::vector<int8_t> q8;
+  std::vector<float> scales;
+  std::vector<double> effective;  // [rows][cols]
+};
+
+TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t cols, WeightFormat format) {
+  TestWeights weights;
+  weights.matrix.format = format;
+  weights.matrix.rows = rows;
+  weights.matrix.cols = cols;
+  weights.effective.resize(source.size());
+  switch (format) {
+    case WeightFormat::kF32:
+      weights.f32 = source;
+      weights.matrix.values = weights.f32.data();
+      for (size_t i = 0; i < source.size(); ++i) weights.effective[i] = source[i];
+      break;
+    case WeightFormat::kBF16:
+      weights.bf16.resize(source.size());
+      for (size_t i = 0; i < source.size(); ++i) {
+        weights.bf16[i] = float_to_bf16(source[i]);
+        weights.effective[i] = bf16_to_float(weights.bf16[i]);
+      }
+      weights.matrix.values = weights.bf16.data();
+      break;
+    case WeightFormat::kQ8: {
+      const int64_t blocks = q8_blocks_per_row(cols);
+      weights.q8.resize(source.size());
+      weights.scales.resize(static_cast<size_t>(rows * blocks));
+      quantize_q8(source.data(), rows, cols, weights.q8.data(), weights.scales.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < cols; ++k) {
+          weights.effective[r * cols + k] =
+              static_cast<double>(weights.q8[r * cols + k]) * weights.scales[r * blocks + k / kQ8BlockSize];
+        }
+      }
+      weights.matrix.values = weights.q8.data();
+      weights.matrix.block_scales = weights.scales.data();
+      break;
+    }
+  }
+  return weights;
+}
+
+// The activations the kernels multiply, from the prepared buffers (checked against the scalar
+// conversions separately).
+std::vector<double> effective_activations(const PreparedActivations& prepared) {
+  const int64_t tokens = prepared.tokens(), cols = prepared.cols(), stride = prepared.stride();
+  std::vector<double> values(static_cast<size_t>(tokens * cols));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t k = 0; k < cols; ++k) {
+      const int64_t at = t * stride + k;
+      switch (prepared.format()) {
+        case WeightFormat::kF32: values[t * cols + k] = prepared.f32_values()[at]; break;
+        case WeightFormat::kBF16: values[t * cols + k] = bf16_to_float(prepared.bf16_values()[at]); break;
+        case WeightFormat::kQ8:
+          values[t * cols + k] = static_cast<double>(prepared.q8_values()[at]) *
+                                 prepared.q8_scales()[t * (stride / kQ8BlockSize) + k / kQ8BlockSize];
+          break;
+      }
+    }
+  }
+  return values;
+}
+
+// The prepared operands must be exactly the scalar conversions of x.
+void expect_prepared_matches_scalar(const std::vector<float>& x, int64_t tokens, int64_t cols,
+                                    const PreparedActivations& prepared) {
+  const int64_t stride = prepared.stride();
+  ASSERT_GE(stride, cols);
+  if (prepared.format() == WeightFormat::kQ8) {
+    std::vector<int8_t> values(static_cast<size_t>(tokens * cols));
+    std::vector<float> scales(static_cast<size_t>(tokens * q8_blocks_per_row(cols)));
+    {
+      IsaGuard guard;
+      set_active_isa(Isa::kScalar);
+      quantize_q8(x.data(), tokens, cols, values.data(), scales.data());
+    }
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t k = 0; k < cols; ++k) ASSERT_EQ(prepared.q8_values()[t * stride + k], values[t * cols + k]);
+      for (int64_t b = 0; b < q8_blocks_per_row(cols); ++b) {
+        ASSERT_EQ(prepared.q8_scales()[t * (stride / kQ8BlockSize) + b], scales[t * q8_blocks_per_row(cols) + b]);
+      }
+    }
+  } else if (prepared.format() == WeightFormat::kBF16) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t k = 0; k < cols; ++k) ASSERT_EQ(prepared.bf16_values()[t * stride + k], float_to_bf16(x[t * cols + k]));
+    }
+  } else {
+    for (int64_t t = 0; t < tokens; ++t) {
+      ASSERT_EQ(std::memcmp(prepared.f32_values() + t * stride, x.data() + t * cols, cols * sizeof(float)), 0);
+    }
+  }
+}
+
+constexpr float kSentinel = -12345.5f;
+
+// Runs one matmul over [row_begin, row_end) at the active level and checks every output against the
+// double reference and every element outside the range against the sentinel.
+void check_matmul(std::mt19937& rng, int64_t tokens, int64_t rows, int64_t cols, WeightFormat format) {
+  SCOPED_TRACE(testing::Message() << isa_name(active_isa()) << " " << format_name(format) << " tokens " << tokens
+                                  << " rows " << rows << " cols " << cols);
+  const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
+  const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols), 0.05f), rows, cols, format);
+  PreparedActivations prepared;
+  prepared.prepare(x.data(), tokens, cols, format);
+  expect_prepared_matches_scalar(x, tokens, cols, prepared);
+  const std::vector<double> xe = effective_activations(prepared);
+
+  const int64_t y_stride = rows + 3;
+  std::uniform_int_distribution<int64_t> pick_begin(0, rows - 1);
+  const int64_t row_begin = pick_begin(rng);
+  const int64_t row_end = std::uniform_int_distribution<int64_t>(row_begin + 1, rows)(rng);
+  std::vector<float> y(static_cast<size_t>(tokens * y_stride), kSentinel);
+  matmul(prepared, weights.matrix, y.data(), y_stride, row_begin, row_end);
+
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t r = 0; r < y_stride; ++r) {
+      const float got = y[t * y_stride + r];
+      if (r < row_begin || r >= row_end) {
+        ASSERT_EQ(std::memcmp(&got, &kSentinel, sizeof(float)), 0) << "wrote outside the range at t " << t << " r " << r;
+        continue;
+      }
+      double expected = 0.0, magnitude = 0.0;
+      for (int64_t k = 0; k < cols; ++k) {
+        const double product = xe[t * cols + k] * weights.effective[r * cols + k];
+        expected += product;
+        magnitude += std::fabs(product);
+      }
+      ASSERT_NEAR(got, expected, kRelativeTolerance * magnitude + 1e-30) << "t " << t << " r " << r;
+    }
+  }
+}
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+// Rows not a multiple of any tile (1..6 tokens x 2..4 rows), cols around every vector width.
+const Shape kShapes[] = {{1, 1}, {5, 7}, {3, 31}, {13, 32}, {6, 33}, {9, 63}, {7, 64}, {11, 65},
+                         {4, 100}, {17, 129}, {10, 200}, {23, 257}, {5, 1000}};
+const int64_t kTokenCounts[] = {1, 3, 7, 64, 130};
+const WeightFormat kFormats[] = {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8};
+
+TEST(Matmul, MatchesDoubleReferenceOnEveryPath) {
+  IsaGuard guard;
+  std::mt19937 rng(1234);
+  for (Isa level : runnable_levels()) {
+    set_active_isa(level);
+    for (WeightFormat format : kFormats) {
+      for (int64_t tokens : kTokenCounts) {
+        for (const Shape& shape : kShapes) {
+          if (tokens * shape.rows * shape.cols > 2'000'000) continue;
+          check_matmul(rng, tokens, shape.rows, shape.cols, format);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, LongRowsStayWithinTolerance) {
+  IsaGuard guard;
+  std::mt19937 rng(99);
+  for (Isa level : runnable_levels()) {
+    set_active_isa(level);
+    for (WeightFormat format : kFormats) {
+      check_matmul(rng, 7, 37, 6144 + 13, format);
+      check_matmul(rng, 1, 70, 1536, format);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// The thread pool splits rows at arbitrary points: results must be bitwise identical to one call over
+// all rows, whatever the split.
+TEST(Matmul, RowSplitsGiveBitwiseIdenticalResults) {
+  IsaGuard guard;
+  std::mt19937 rng(7);
+  for (Isa level : runnable_levels()) {
+    set_active_isa(level);
+    for (WeightFormat format : kFormats) {
+      for (int64_t tokens : {1, 5, 8, 13}) {
+        SCOPED_TRACE(testing::Message() << isa_name(level) << " " << format_name(format) << " tokens " << tokens);
+        const int64_t rows = 203, cols = 161;
+        const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
+        const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, format);
+        PreparedActivations prepared;
+        prepared.prepare(x.data(), tokens, cols, format);
+        std::vector<float> whole(static_cast<size_t>(tokens * rows));
+        matmul(prepared, weights.matrix, whole.data(), rows, 0, rows);
+        for (int trial = 0; trial < 6; ++trial) {
+          std::vector<float> split(whole.size(), kSentinel);
+          for (int64_t begin = 0; begin < rows;) {
+            const int64_t end = std::min(rows, begin + std::uniform_int_distribution<int64_t>(1, 40)(rng));
+            matmul(prepared, weights.matrix, split.data(), rows, begin, end);
+            begin = end;
+          }
+          ASSERT_EQ(std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)), 0) << "trial " << trial;
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, QuantizeRoundTripWithinHalfAStep) {
+  IsaGuard guard;
+  std::mt19937 rng(5);
+  const int64_t rows = 9, cols = 211;  // a short last block
+  std::vector<float> source = random_floats(rng, static_cast<size_t>(rows * cols), 3.0f);
+  source[5] = 0.0f;
+  source[40] = -1e-30f;  // tiny values next to normal ones
+  const int64_t blocks = q8_blocks_per_row(cols);
+  std::vector<int8_t> scalar_values(source.size());
+  std::vector<float> scalar_scales(static_cast<size_t>(rows * blocks));
+  set_active_isa(Isa::kScalar);
+  quantize_q8(source.data(), rows, cols, scalar_values.data(), scalar_scales.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < cols; ++k) {
+      const float scale = scalar_scales[r * blocks + k / kQ8BlockSize];
+      const int value = scalar_values[r * cols + k];
+      ASSERT_LE(std::abs(value), 127);
+      const double error = std::fabs(static_cast<double>(source[r * cols + k]) - static_cast<double>(value) * scale);
+      ASSERT_LE(error, scale * 0.5 * (1.0 + 1e-6)) << "r " << r << " k " << k;
+    }
+    for (int64_t b = 0; b < blocks; ++b) {  // the largest magnitude maps to +-127 exactly
+      int largest = 0;
+      for (int64_t k = b * kQ8BlockSize; k < std::min(cols, (b + 1) * kQ8BlockSize); ++k) {
+        largest = std::max(largest, std::abs(static_cast<int>(scalar_values[r * cols + k])));
+      }
+      ASSERT_EQ(largest, 127);
+    }
+  }
+  // Every SIMD level quantises bit-identically (weights and activations use the same routine).
+  for (Isa level : runnable_levels()) {
+    set_active_isa(level);
+    std::vector<int8_t> values(source.size());
+    std::vector<float> scales(scalar_scales.size());
+    quantize_q8(source.data(), rows, cols, values.data(), scales.data());
+    EXPECT_EQ(values, scalar_values) << isa_name(level);
+    EXPECT_EQ(std::memcmp(scales.data(), scalar_scales.data(), scales.size() * sizeof(float)), 0) << isa_name(level);
+  }
+}
+
+TEST(Matmul, AllZeroBlocksGiveZerosNotNan) {
+  IsaGuard guard;
+  std::mt19937 rng(11);
+  const int64_t tokens = 3, rows = 6, cols = 96;
+  std::vector<float> weights = random_floats(rng, static_cast<size_t>(rows * cols));
+  std::fill(weights.begin(), weights.begin() + cols, 0.0f);                  // row 0 entirely zero
+  std::fill(weights.begin() + 2 * cols + 32, weights.begin() + 2 * cols + 64, 0.0f);  // one zero block
+  std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
+  std::fill(x.begin(), x.begin() + cols, 0.0f);  // token 0 entirely zero
+  std::fill(x.begin() + cols + 64, x.begin() + 2 * cols, 0.0f);  // token 1's last block zero
+  for (Isa level : runnable_levels()) {
+    set_active_isa(level);
+    const TestWeights q8 = make_weights(weights, rows, cols, WeightFormat::kQ8);
+    EXPECT_EQ(q8.scales[0], 0.0f);
+    EXPECT_EQ(q8.scales[2 * 3 + 1], 0.0f);
+    for (int64_t k = 0; k < cols; ++k) EXPECT_EQ(q8.q8[k], 0);
+    PreparedActivations prepared;
+    prepared.prepare(x.data(), tokens, cols, WeightFormat::kQ8);
+    EXPECT_EQ(prepared.q8_scales()[0], 0.0f);
+    std::vector<float> y(static_cast<size_t>(tokens * rows), kSentinel);
+    matmul(prepared, q8.matrix, y.data(), rows, 0, rows);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float value = y[t * rows + r];
+        EXPECT_TRUE(std::isfinite(value)) << isa_name(level) << " t " << t << " r " << r;
+        if (t == 0 || r == 0) {
+          EXPECT_EQ(value, 0.0f) << isa_name(level) << " t " << t << " r " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, Bf16PreparationRoundsLikeTheScalarConversion) {
+  IsaGuard guard;
+  std::vector<float> x = {1.0f, -2.5f, 1.00390625f /* tie, even down */, 1.01171875f /* tie, odd up */,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), 1e-40f /* subnormal */, -0.0f,
+                          std::numeric_limits<float>::max(), 3.3895314e38f /* rounds to infinity */};
+  std::mt19937 rng(3);
+  const std::vector<float> more = random_floats(rng, 45, 100.0f);
+  x.insert(x.end(), more.begin(), more.end());
+  const int64_t cols = static_cast<int64_t>(x.size());
+  for (Isa level : runnable_levels()) {
+    set_active_isa(level);
+    PreparedActivations prepared;
+    prepared.prepare(x.data(), 1, cols, WeightFormat::kBF16);
+    for (int64_t k = 0; k < cols; ++k) {
+      EXPECT_EQ(prepared.bf16_values()[k], float_to_bf16(x[k])) << isa_name(level) << " k " << k;
+    }
+    for (int64_t k = cols; k < prepared.stride(); ++k) EXPECT_EQ(prepared.bf16_values()[k], 0) << "padding";
+  }
+}
+
+TEST(Matmul, PreparedBuffersOnlyGrow) {
+  std::mt19937 rng(4);
+  const std::vector<float> x = random_floats(rng, 8 * 640);
+  PreparedActivations prepared;
+  prepared.prepare(x.data(), 8, 640, WeightFormat::kQ8);
+  const int8_t* values = prepared.q8_values();
+  const float* scales = prepared.q8_scales();
+  prepared.prepare(x.data(), 1, 640, WeightFormat::kQ8);
+  prepared.prepare(x.data(), 2, 300, WeightFormat::kBF16);
+  prepared.prepare(x.data(), 8, 640, WeightFormat::kQ8);
+  EXPECT_EQ(prepared.q8_values(), values);
+  EXPECT_EQ(prepared.q8_scales(), scales);
+  EXPECT_EQ(prepared.tokens(), 8);
+  EXPECT_EQ(prepared.cols(), 640);
+}
+
+TEST(Matmul, WeightMatrixFromViews) {
+  std::vector<uint16_t> bf16(2 * 3 * 4, 0x3f80);
+  TensorView view;
+  view.name = "experts";
+  view.dtype = DType::kBF16;
+  view.shape = {2, 3, 4};
+  view.data = reinterpret_cast<const std::byte*>(bf16.data());
+  EXPECT_THROW(weight_matrix(view), Error);  // 3-D: slice first
+  const WeightMatrix second = weight_matrix(view.slice(1));
+  EXPECT_EQ(second.format, WeightFormat::kBF16);
+  EXPECT_EQ(second.rows, 3);
+  EXPECT_EQ(second.cols, 4);
+  EXPECT_EQ(second.values, bf16.data() + 12);
+
+  std::vector<float> f32(6, 1.0f);
+  view.dtype = DType::kF32;
+  view.shape = {2, 3};
+  view.data = reinterpret_cast<const std::byte*>(f32.data());
+  const WeightMatrix matrix = weight_matrix(view);
+  EXPECT_EQ(matrix.format, WeightFormat::kF32);
+  EXPECT_EQ(matrix.values, f32.data());
+
+  view.dtype = DType::kF16;
+  EXPECT_THROW(weight_matrix(view), Error);
+}
+
+TEST(Matmul, RejectsMismatchedOperands) {
+  std::vector<float> x(10, 1.0f), w(20, 1.0f), y(2, 0.0f);
+  WeightMatrix matrix{WeightFormat::kF32, 2, 10, w.data(), nullptr};
+  PreparedActivations prepared;
+  prepared.prepare(x.data(), 1, 10, WeightFormat::kBF16);
+  EXPECT_THROW(matmul(prepared, matrix, y.data(), 2, 0, 2), Error);  // wrong format
+  prepared.prepare(x.data(), 1, 9, WeightFormat::kF32);
+  EXPECT_THROW(matmul(prepared, matrix, y.data(), 2, 0, 2), Error);  // wrong width
+  prepared.prepare(x.data(), 1, 10, WeightFormat::kF32);
+  EXPECT_THROW(matmul(prepared, matrix, y.data(), 2, 1, 3), Error);  // rows out of range
+  matmul(prepared, matrix, y.data(), 2, 0, 2);
+  EXPECT_EQ(y[0], 10.0f);
+  EXPECT_EQ(y[1], 10.0f);
+}
+
+}  // namespace
+}  // namespace gemma4rt::kernels
