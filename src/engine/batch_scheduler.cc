@@ -90,6 +90,7 @@ void BatchScheduler::finish(Sequence& sequence, const std::string& reason, const
 
 void BatchScheduler::engine_loop() {
   std::vector<std::unique_ptr<Sequence>> running;
+  std::vector<std::pair<std::unique_ptr<Sequence>, const char*>> dropped;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -102,6 +103,21 @@ void BatchScheduler::engine_loop() {
         idle_.notify_all();
         return;
       }
+      // Waiting requests whose client went away or whose deadline passed leave the queue now, not when
+      // a slot frees: they would hold queue places (429s for others) and keep their clients waiting.
+      const auto now = std::chrono::steady_clock::now();
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        Sequence& sequence = **it;
+        const char* reason = sequence.handle->cancelled()                                        ? "cancelled"
+                             : sequence.request.deadline && now > *sequence.request.deadline ? "timeout"
+                                                                                               : nullptr;
+        if (reason == nullptr) {
+          ++it;
+          continue;
+        }
+        dropped.emplace_back(std::move(*it), reason);
+        it = queue_.erase(it);
+      }
       // Newcomers join at the step boundary, one KV slot each.
       while (!queue_.empty() && !free_slots_.empty()) {
         auto sequence = std::move(queue_.front());
@@ -112,6 +128,9 @@ void BatchScheduler::engine_loop() {
       }
       running_count_ = static_cast<int>(running.size());
     }
+    // Their callbacks run without the lock, like every other finish().
+    for (auto& [sequence, reason] : dropped) finish(*sequence, reason);
+    dropped.clear();
     if (!running.empty()) {
       try {
         step(running);

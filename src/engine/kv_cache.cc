@@ -6,8 +6,13 @@
 
 namespace gemma4rt {
 
-KvCache::KvCache(const ModelConfig& config, int context_tokens, int max_chunk_tokens, int sequences, KvFormat format)
-    : config_(&config), context_tokens_(context_tokens), sequences_(sequences), format_(format), capacity_(config.num_layers, 0) {
+KvCache::KvCache(const ModelConfig& config, int context_tokens, int max_chunk_tokens, int sequences, KvFormat format,
+                 std::vector<int> kv_heads)
+    : config_(&config), context_tokens_(context_tokens), sequences_(sequences), format_(format), capacity_(config.num_layers, 0),
+      kv_heads_(std::move(kv_heads)) {
+  if (kv_heads_.empty()) {
+    for (const LayerConfig& layer : config.layers) kv_heads_.push_back(layer.num_kv_heads);
+  }
   if (context_tokens <= 0) fail("the context length must be positive, got {}", context_tokens);
   if (sequences <= 0) fail("the number of sequences must be positive, got {}", sequences);
   for (int layer = 0; layer < config.num_layers; ++layer) {

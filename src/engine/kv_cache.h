@@ -17,7 +17,9 @@ using kernels::KvFormat;
 
 class KvCache {
  public:
-  KvCache(const ModelConfig& config, int context_tokens, int max_chunk_tokens, int sequences, KvFormat format);
+  // kv_heads: KV heads kept per layer (a tensor-parallel rank keeps its share); empty = the config's.
+  KvCache(const ModelConfig& config, int context_tokens, int max_chunk_tokens, int sequences, KvFormat format,
+          std::vector<int> kv_heads = {});
 
   int context_tokens() const { return context_tokens_; }
   int sequences() const { return sequences_; }
@@ -29,9 +31,9 @@ class KvCache {
   int slot(int layer, int position) const { return position % capacity(layer); }
   // Elements per cached position: kv heads * head dim.
   int64_t row_elements(int layer) const {
-    const LayerConfig& geometry = config_->layers[layer];
-    return static_cast<int64_t>(geometry.num_kv_heads) * geometry.head_dim;
+    return static_cast<int64_t>(kv_heads_[layer]) * config_->layers[layer].head_dim;
   }
+  int kv_heads(int layer) const { return kv_heads_[layer]; }
   size_t element_bytes() const { return format_ == KvFormat::kF32 ? 4 : 2; }
   size_t size_bytes() const;
   // Bytes one more position of context costs across all layers (sliding rings excluded: they are fixed).
@@ -50,6 +52,7 @@ class KvCache {
   int sequences_;
   KvFormat format_;
   std::vector<int> capacity_;      // by layer; 0 for KV-shared layers
+  std::vector<int> kv_heads_;      // by layer
   std::vector<Storage> storage_;   // [sequence][layer]; empty for KV-shared layers
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <thread>
 #include <numeric>
 
 #include "core/error.h"
@@ -39,6 +40,43 @@ WeightFormat default_weight_format(const TensorView& sample) {
   return sample.dtype == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
 }
 
+// In-process tensor parallelism shares the cores among the ranks.
+int threads_per_rank(const EngineOptions& options) {
+  if (options.tensor_parallel <= 1 || options.communicator != nullptr) return options.threads;
+  const int total = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, total / options.tensor_parallel);
+}
+
+// Rows [first, first + count) of a [rows, ...] weight: a view into the same memory.
+TensorView rows_view(const TensorView& view, int64_t first, int64_t count) {
+  if (first == 0 && count == view.shape[0]) return view;
+  TensorView part = view;
+  const int64_t row_elements = view.element_count() / view.shape[0];
+  part.shape[0] = count;
+  part.data = view.data + static_cast<size_t>(first * row_elements) * dtype_size_bytes(view.dtype);
+  if (view.q8_scales != nullptr) part.q8_scales = view.q8_scales + first * ((view.shape.back() + kQ8BlockValues - 1) / kQ8BlockValues);
+  return part;
+}
+
+// Columns [first, first + count) of a 2-D weight, copied to floats held in `storage` (the row-parallel
+// products o_proj and down_proj read a column block, which is not contiguous in the checkpoint).
+TensorView columns_copy(const TensorView& view, int64_t first, int64_t count, std::vector<float>& storage) {
+  const int64_t rows = view.shape[0];
+  const int64_t columns = view.shape[1];
+  storage.resize(static_cast<size_t>(rows * count));
+  std::vector<float> row(static_cast<size_t>(columns));
+  for (int64_t r = 0; r < rows; ++r) {
+    view.read_floats(r * columns, columns, row.data());
+    std::copy_n(row.data() + first, count, storage.data() + r * count);
+  }
+  TensorView part;
+  part.name = view.name;
+  part.dtype = DType::kF32;
+  part.shape = {rows, count};
+  part.data = reinterpret_cast<const std::byte*>(storage.data());
+  return part;
+}
+
 constexpr int64_t kMatmulRowsPerTask = 16;
 // Below this many multiply-adds a matrix product runs on the calling thread: waking the pool costs more.
 constexpr int64_t kMinParallelMultiplyAdds = int64_t{1} << 16;
@@ -50,22 +88,46 @@ Transformer::Transformer(const Model& model, const EngineOptions& options)
       config_(model.config()),
       weights_(model.weights()),
       options_(options),
-      pool_(options.threads),
-      cache_(model.config(), options.context_tokens,
-             options.max_chunk_tokens > 0 ? options.max_chunk_tokens : (options.reference ? 64 : 256),
-             options.sequences,
-             options.kv_format.value_or(options.reference ? KvFormat::kF32 : KvFormat::kBF16)),
+      pool_(threads_per_rank(options)),
       rope_sliding_(model.config().rope_sliding, model.config().head_dim),
       rope_full_(model.config().rope_full, model.config().global_head_dim > 0 ? model.config().global_head_dim : model.config().head_dim) {
   if (options_.max_chunk_tokens <= 0) options_.max_chunk_tokens = options_.reference ? 64 : 256;
-  if (options_.reference && cache_.format() != KvFormat::kF32) fail("the reference kernels keep the KV cache in f32");
   weight_format_ = options_.reference ? WeightFormat::kF32 : options_.weight_format.value_or(default_weight_format(weights_.embed_tokens));
+
+  // Tensor parallelism: in process, this engine is rank 0 and builds the other ranks itself.
+  communicator_ = options_.communicator;
+  if (!communicator_ && options_.tensor_parallel > 1) {
+    group_ = std::make_unique<parallel::InProcessGroup>(options_.tensor_parallel);
+    for (int rank = 0; rank < options_.tensor_parallel; ++rank) group_communicators_.push_back(group_->communicator(rank));
+    communicator_ = group_communicators_[0].get();
+  }
+  if (communicator_ && communicator_->size() > 1) partition_ = partition_for_rank(config_, communicator_->rank(), communicator_->size());
+  std::vector<int> kv_heads;
+  if (partition_) {
+    for (const LayerPartition& layer : partition_->layers) kv_heads.push_back(layer.kv_heads.count);
+  }
+  cache_ = std::make_unique<KvCache>(config_, options_.context_tokens, options_.max_chunk_tokens, options_.sequences,
+                                     options_.kv_format.value_or(options_.reference ? KvFormat::kF32 : KvFormat::kBF16), kv_heads);
+  if (options_.reference && cache_->format() != KvFormat::kF32) fail("the reference kernels keep the KV cache in f32");
 
   auto prepare = [&](const TensorView& view) {
     return options_.reference ? reference_linear(view) : make_linear(view, weight_format_, pool_);
   };
-  for (const LayerWeights& layer : weights_.layers) {
+  sliced_weights_.reserve(static_cast<size_t>(config_.num_layers) * 2);
+  for (size_t index = 0; index < weights_.layers.size(); ++index) {
+    const LayerWeights& layer = weights_.layers[index];
+    const LayerConfig& geometry = config_.layers[index];
     auto state = std::make_unique<LayerState>();
+    // This rank's share: column-parallel products keep rows, row-parallel ones keep input columns.
+    auto own_rows = [&](const TensorView& view, Slice slice, int64_t rows_per_unit) {
+      return partition_ ? rows_view(view, slice.first * rows_per_unit, slice.count * rows_per_unit) : view;
+    };
+    auto own_columns = [&](const TensorView& view, Slice slice, int64_t columns_per_unit) {
+      if (!partition_) return view;
+      sliced_weights_.emplace_back();
+      return columns_copy(view, slice.first * columns_per_unit, slice.count * columns_per_unit, sliced_weights_.back());
+    };
+    const LayerPartition part = partition_ ? partition_->layers[index] : LayerPartition{};
     state->input_norm = to_floats(layer.input_norm);
     state->post_attention_norm = to_floats(layer.post_attention_norm);
     state->pre_feedforward_norm = to_floats(layer.pre_feedforward_norm);
@@ -73,13 +135,13 @@ Transformer::Transformer(const Model& model, const EngineOptions& options)
     state->q_norm = to_floats(layer.attention.q_norm);
     state->k_norm = to_floats(layer.attention.k_norm);
     state->layer_scalar = layer.layer_scalar.at(0);
-    state->q = prepare(layer.attention.q_proj);
-    state->o = prepare(layer.attention.o_proj);
-    if (!layer.attention.k_proj.empty()) state->k = prepare(layer.attention.k_proj);
-    if (!layer.attention.v_proj.empty()) state->v = prepare(layer.attention.v_proj);
-    state->gate = prepare(layer.mlp.gate_proj);
-    state->up = prepare(layer.mlp.up_proj);
-    state->down = prepare(layer.mlp.down_proj);
+    state->q = prepare(own_rows(layer.attention.q_proj, part.query_heads, geometry.head_dim));
+    state->o = prepare(own_columns(layer.attention.o_proj, part.query_heads, geometry.head_dim));
+    if (!layer.attention.k_proj.empty()) state->k = prepare(own_rows(layer.attention.k_proj, part.kv_heads, geometry.head_dim));
+    if (!layer.attention.v_proj.empty()) state->v = prepare(own_rows(layer.attention.v_proj, part.kv_heads, geometry.head_dim));
+    state->gate = prepare(own_rows(layer.mlp.gate_proj, part.mlp_rows, 1));
+    state->up = prepare(own_rows(layer.mlp.up_proj, part.mlp_rows, 1));
+    state->down = prepare(own_columns(layer.mlp.down_proj, part.mlp_rows, 1));
     if (layer.moe) {
       const MoeWeights& moe = *layer.moe;
       state->router_scale = to_floats(moe.router_scale);
@@ -89,9 +151,13 @@ Transformer::Transformer(const Model& model, const EngineOptions& options)
       state->post_feedforward_norm_2 = to_floats(moe.post_feedforward_norm_2);
       // The router decides which experts run: keep it in f32 on every path.
       state->router = options_.reference ? reference_linear(moe.router_proj) : make_linear(moe.router_proj, WeightFormat::kF32, pool_);
+      // Expert parallelism: a rank prepares only its experts; the others stay empty here.
+      state->expert_gate_up.resize(config_.num_experts);
+      state->expert_down.resize(config_.num_experts);
       for (int expert = 0; expert < config_.num_experts; ++expert) {
-        state->expert_gate_up.push_back(prepare(moe.gate_up_proj.slice(expert)));
-        state->expert_down.push_back(prepare(moe.down_proj.slice(expert)));
+        if (partition_ && (expert < part.experts.first || expert >= part.experts.end())) continue;
+        state->expert_gate_up[expert] = prepare(moe.gate_up_proj.slice(expert));
+        state->expert_down[expert] = prepare(moe.down_proj.slice(expert));
       }
     }
     if (layer.per_layer_input) {
@@ -101,7 +167,7 @@ Transformer::Transformer(const Model& model, const EngineOptions& options)
     }
     layers_.push_back(std::move(state));
   }
-  lm_head_ = prepare(weights_.lm_head);
+  lm_head_ = prepare(partition_ ? rows_view(weights_.lm_head, partition_->vocab_rows.first, partition_->vocab_rows.count) : weights_.lm_head);
   if (config_.has_per_layer_inputs()) per_layer_model_projection_ = prepare(weights_.per_layer_model_projection);
   final_norm_ = to_floats(weights_.final_norm);
   per_layer_projection_norm_ = to_floats(weights_.per_layer_projection_norm);
@@ -154,6 +220,20 @@ Transformer::Transformer(const Model& model, const EngineOptions& options)
     expert_gathered_.resize(rows * hidden);
     expert_hidden_.resize(rows * 2 * config_.moe_intermediate_size);
     expert_output_.resize(rows * hidden);
+  }
+  if (partition_) local_logits_.resize(rows * static_cast<size_t>(partition_->vocab_rows.count));
+
+  // In-process tensor parallelism: the other ranks are engines of their own, run in lockstep.
+  if (group_) {
+    for (int rank = 1; rank < options_.tensor_parallel; ++rank) {
+      EngineOptions peer_options = options_;
+      peer_options.tensor_parallel = 1;
+      peer_options.communicator = group_communicators_[rank].get();
+      peer_options.threads = threads_per_rank(options_);
+      peers_.push_back(std::make_unique<Transformer>(model_, peer_options));
+      peer_logits_.emplace_back();
+    }
+    rank_threads_ = std::make_unique<ThreadPool>(options_.tensor_parallel);
   }
 }
 
@@ -258,7 +338,7 @@ void Transformer::add_rows(float* y, const float* x, int64_t count) {
 }
 
 void Transformer::store_kv(const float* source, int64_t count, std::byte* destination) {
-  kernels::store_kv_row(source, count, cache_.format(), destination);
+  kernels::store_kv_row(source, count, cache_->format(), destination);
 }
 
 // ---- the forward pass ----
@@ -273,6 +353,31 @@ std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int
 }
 
 void Transformer::forward(std::span<const BatchRow> rows, std::span<const int> logit_rows, float* logits, bool apply_softcap) {
+  if (peers_.empty()) {
+    forward_local(rows, logit_rows, logits, apply_softcap);
+    return;
+  }
+  // Every rank runs the same rows; collectives inside keep them in step. Rank 0's logits are returned.
+  const size_t logit_values = logit_rows.size() * static_cast<size_t>(config_.vocab_size);
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  rank_threads_->run([&](int rank, int) {
+    try {
+      if (rank == 0) {
+        forward_local(rows, logit_rows, logits, apply_softcap);
+      } else {
+        peer_logits_[rank - 1].resize(logit_values);
+        peers_[rank - 1]->forward_local(rows, logit_rows, peer_logits_[rank - 1].data(), apply_softcap);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+    }
+  });
+  if (failure) std::rethrow_exception(failure);
+}
+
+void Transformer::forward_local(std::span<const BatchRow> rows, std::span<const int> logit_rows, float* logits, bool apply_softcap) {
   if (rows.empty()) fail("forward needs at least one token");
   for (const BatchRow& row : rows) {
     if (row.sequence < 0 || row.sequence >= options_.sequences) fail("sequence {} does not exist ({} KV slots)", row.sequence, options_.sequences);
@@ -302,7 +407,16 @@ void Transformer::forward(std::span<const BatchRow> rows, std::span<const int> l
     const int wanted = static_cast<int>(next_logit - begin_logit);
     if (wanted == 0) continue;
     float* out = logits + static_cast<int64_t>(begin_logit) * vocab;
-    linear(normed_.data(), wanted, lm_head_, out);
+    if (partition_) {
+      // Each rank scores its vocabulary rows; the full logits are gathered on every rank.
+      const int64_t local_vocab = partition_->vocab_rows.count;
+      linear(normed_.data(), wanted, lm_head_, local_logits_.data());
+      for (int row = 0; row < wanted; ++row) {
+        communicator_->all_gather(local_logits_.data() + row * local_vocab, partition_->vocab_counts, out + static_cast<int64_t>(row) * vocab);
+      }
+    } else {
+      linear(normed_.data(), wanted, lm_head_, out);
+    }
     if (apply_softcap && config_.final_logit_softcapping) {
       const float cap = static_cast<float>(*config_.final_logit_softcapping);
       const int64_t values = static_cast<int64_t>(wanted) * vocab;
@@ -379,14 +493,18 @@ void Transformer::attention(int layer, std::span<const BatchRow> rows) {
   const LayerConfig& geometry = config_.layers[layer];
   const LayerState& state = *layers_[layer];
   const int head_dim = geometry.head_dim;
-  const int query_heads = geometry.num_query_heads;
-  const int kv_heads = geometry.num_kv_heads;
-  const int groups = query_heads / kv_heads;
+  // This rank's heads: all of them without tensor parallelism. Query head q uses KV head q / groups,
+  // computed from the unsharded counts, whether this rank holds a share of the KV heads or all of them.
+  const int groups = geometry.num_query_heads / geometry.num_kv_heads;
+  const Slice query_slice = partition_ ? partition_->layers[layer].query_heads : Slice{0, geometry.num_query_heads};
+  const Slice kv_slice = partition_ ? partition_->layers[layer].kv_heads : Slice{0, geometry.num_kv_heads};
+  const int query_heads = query_slice.count;
+  const int kv_heads = kv_slice.count;
   const int64_t query_row = static_cast<int64_t>(query_heads) * head_dim;
   const int64_t kv_row = static_cast<int64_t>(kv_heads) * head_dim;
   const RopeTable& rope = geometry.is_sliding() ? rope_sliding_ : rope_full_;
   const bool owns_kv = geometry.owns_kv(layer);
-  const size_t element_bytes = cache_.element_bytes();
+  const size_t element_bytes = cache_->element_bytes();
 
   linear(normed_.data(), count, state.q, query_.data());
   if (owns_kv) {
@@ -419,9 +537,9 @@ void Transformer::attention(int layer, std::span<const BatchRow> rows) {
       kernels::apply_rope(keys, kv_heads, head_dim, rope_cos_.data(), rope_sin_.data());
     }
     norm_rows(values, kv_heads, head_dim, nullptr, values);  // v_norm has no weight
-    const int64_t offset = static_cast<int64_t>(cache_.slot(layer, row.position)) * kv_row * element_bytes;
-    store_kv(keys, kv_row, cache_.keys(row.sequence, layer) + offset);
-    store_kv(values, kv_row, cache_.values(row.sequence, layer) + offset);
+    const int64_t offset = static_cast<int64_t>(cache_->slot(layer, row.position)) * kv_row * element_bytes;
+    store_kv(keys, kv_row, cache_->keys(row.sequence, layer) + offset);
+    store_kv(values, kv_row, cache_->values(row.sequence, layer) + offset);
   }
 
   // Every query sees its sequence's keys up to itself; sliding layers only the last sliding_window.
@@ -437,19 +555,25 @@ void Transformer::attention(int layer, std::span<const BatchRow> rows) {
       const BatchRow& row = rows[t];
       const int first_key = geometry.is_sliding() ? std::max(0, row.position - geometry.sliding_window + 1) : 0;
       const int key_count = row.position - first_key + 1;
-      for (int k = 0; k < key_count; ++k) slots[k] = cache_.slot(layer, first_key + k);
+      for (int k = 0; k < key_count; ++k) slots[k] = cache_->slot(layer, first_key + k);
       const std::span<const int32_t> slot_list(slots, key_count);
-      const std::byte* keys = cache_.keys(row.sequence, layer) + static_cast<int64_t>(kv_head) * head_dim * element_bytes;
-      const std::byte* values = cache_.values(row.sequence, layer) + static_cast<int64_t>(kv_head) * head_dim * element_bytes;
-      const float* queries = query_.data() + t * query_row + static_cast<int64_t>(kv_head) * groups * head_dim;
-      float* out = attention_out_.data() + t * query_row + static_cast<int64_t>(kv_head) * groups * head_dim;
+      const std::byte* keys = cache_->keys(row.sequence, layer) + static_cast<int64_t>(kv_head) * head_dim * element_bytes;
+      const std::byte* values = cache_->values(row.sequence, layer) + static_cast<int64_t>(kv_head) * head_dim * element_bytes;
+      // The query heads of this rank that read this KV head: a contiguous run.
+      const int global_kv = kv_slice.first + kv_head;
+      const int first_query = std::max(global_kv * groups, query_slice.first) - query_slice.first;
+      const int last_query = std::min((global_kv + 1) * groups, query_slice.end()) - query_slice.first;
+      if (first_query >= last_query) continue;
+      const int group = last_query - first_query;
+      const float* queries = query_.data() + t * query_row + static_cast<int64_t>(first_query) * head_dim;
+      float* out = attention_out_.data() + t * query_row + static_cast<int64_t>(first_query) * head_dim;
       if (options_.reference) {
-        for (int g = 0; g < groups; ++g) {
+        for (int g = 0; g < group; ++g) {
           reference::attend(queries + g * head_dim, head_dim, reinterpret_cast<const float*>(keys), reinterpret_cast<const float*>(values),
                             kv_row, slot_list, scores, out + g * head_dim);
         }
       } else {
-        kernels::attend_group(queries, groups, head_dim, keys, values, cache_.format(), kv_row, slot_list, scores, out);
+        kernels::attend_group(queries, group, head_dim, keys, values, cache_->format(), kv_row, slot_list, scores, out);
       }
     }
   };
@@ -461,6 +585,7 @@ void Transformer::attention(int layer, std::span<const BatchRow> rows) {
     pool_.run(attend_tasks);
   }
   linear(attention_out_.data(), count, state.o, branch_.data());
+  all_reduce(branch_.data(), static_cast<int64_t>(count) * config_.hidden_size);  // o_proj is row-parallel
 }
 
 void Transformer::feed_forward(int layer, int count) {
@@ -468,18 +593,20 @@ void Transformer::feed_forward(int layer, int count) {
   const LayerState& state = *layers_[layer];
   const int hidden = config_.hidden_size;
   const int64_t values = static_cast<int64_t>(count) * hidden;
-  const int64_t width = geometry.mlp_intermediate_size;
+  const int64_t width = partition_ ? partition_->layers[layer].mlp_rows.count : geometry.mlp_intermediate_size;
 
   norm_rows(hidden_.data(), count, hidden, state.pre_feedforward_norm.data(), normed_.data());
   linear(normed_.data(), count, state.gate, gate_.data());
   linear(normed_.data(), count, state.up, up_.data());
   gelu_multiply(gate_.data(), up_.data(), count * width);
   linear(gate_.data(), count, state.down, ffn_out_.data());
+  all_reduce(ffn_out_.data(), values);  // down_proj is row-parallel
 
   if (config_.enable_moe_block) {
     // The dense MLP and the experts run side by side on the same residual, each with its own norms.
     norm_rows(ffn_out_.data(), count, hidden, state.post_feedforward_norm_1.data(), ffn_out_.data());
     mixture_of_experts(layer, count);
+    all_reduce(moe_out_.data(), values);  // each rank added its own experts' contributions
     norm_rows(moe_out_.data(), count, hidden, state.post_feedforward_norm_2.data(), moe_out_.data());
     add_rows(ffn_out_.data(), moe_out_.data(), values);
   }
@@ -526,6 +653,7 @@ void Transformer::mixture_of_experts(int layer, int count) {
   std::fill(moe_out_.begin(), moe_out_.begin() + static_cast<int64_t>(count) * hidden, 0.0f);
   // Experts in ascending index order, each over the rows that chose it (the reference's accumulation order).
   for (int expert = 0; expert < experts; ++expert) {
+    if (state.expert_gate_up[expert].view.empty()) continue;  // another rank's expert
     int rows_for_expert = 0;
     for (int t = 0; t < count; ++t) {
       for (int k = 0; k < top_k; ++k) {

@@ -24,7 +24,9 @@
 #include "engine/kv_cache.h"
 #include "engine/linear.h"
 #include "engine/rope.h"
+#include "engine/tensor_parallel.h"
 #include "model/weights.h"
+#include "parallel/communicator.h"
 
 namespace gemma4rt {
 
@@ -36,6 +38,10 @@ struct EngineOptions {
   bool reference = false;       // scalar fp32 reference kernels
   std::optional<WeightFormat> weight_format;   // fast path; default: the checkpoint's dtype (f16 -> bf16)
   std::optional<KvFormat> kv_format;           // default bf16 (fast) / f32 (reference)
+  // Tensor parallelism. In process: `tensor_parallel` ranks as threads of this engine. Across processes:
+  // `communicator` makes this engine one rank of the communicator's group (e.g. MPI).
+  int tensor_parallel = 1;
+  parallel::Communicator* communicator = nullptr;
 };
 
 struct BatchRow {
@@ -66,7 +72,10 @@ class Transformer {
   const EngineOptions& options() const { return options_; }
   bool reference() const { return options_.reference; }
   WeightFormat weight_format() const { return weight_format_; }
-  const KvCache& kv_cache() const { return cache_; }
+  const KvCache& kv_cache() const { return *cache_; }
+  // Tensor-parallel ranks (1 without tensor parallelism) and the seconds rank 0 spent communicating.
+  int tensor_parallel_size() const { return communicator_ ? communicator_->size() : 1; }
+  double communication_seconds() const { return communicator_ ? communicator_->communication_seconds() : 0.0; }
   ThreadPool& thread_pool() { return pool_; }
   // Bytes of weights one decode step reads (every used matrix, experts at their top-k share, the head).
   double weight_bytes_per_token() const;
@@ -78,6 +87,10 @@ class Transformer {
 
  private:
   struct LayerState;
+  void forward_local(std::span<const BatchRow> rows, std::span<const int> logit_rows, float* logits, bool apply_softcap);
+  void all_reduce(float* values, int64_t count) {
+    if (partition_) communicator_->all_reduce_sum(values, static_cast<size_t>(count));
+  }
   // Calls visit(linear, share) for every weight matrix a token reads; share < 1 for experts (top-k of all).
   void visit_linears(const std::function<void(const Linear&, double share)>& visit) const;
   void forward_chunk(std::span<const BatchRow> rows);
@@ -99,7 +112,17 @@ class Transformer {
   EngineOptions options_;
   WeightFormat weight_format_ = WeightFormat::kF32;
   ThreadPool pool_;
-  KvCache cache_;
+  // Tensor parallelism: this rank's share, how it talks to the others, and (in process) the other ranks.
+  parallel::Communicator* communicator_ = nullptr;
+  std::optional<RankPartition> partition_;
+  std::unique_ptr<parallel::InProcessGroup> group_;
+  std::vector<std::unique_ptr<parallel::Communicator>> group_communicators_;
+  std::vector<std::unique_ptr<Transformer>> peers_;
+  std::unique_ptr<ThreadPool> rank_threads_;
+  std::vector<std::vector<float>> peer_logits_;
+  std::vector<float> local_logits_;
+  std::vector<std::vector<float>> sliced_weights_;   // column slices of o_proj / down_proj this rank owns
+  std::unique_ptr<KvCache> cache_;
   RopeTable rope_sliding_;
   RopeTable rope_full_;
   std::vector<std::unique_ptr<LayerState>> layers_;

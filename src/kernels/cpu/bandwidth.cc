@@ -22,7 +22,7 @@ float read_stream_scalar(const float* data, size_t bytes) {
 }
 
 double measure_read_bandwidth(ThreadPool& pool, size_t buffer_bytes, int repeats) {
-  buffer_bytes = std::max<size_t>(buffer_bytes / (256 * pool.size()) * 256 * pool.size(), 256 * pool.size());
+  buffer_bytes = std::max<size_t>(buffer_bytes / (512 * pool.size()) * 512 * pool.size(), 512 * pool.size());
   auto release = [](float* pointer) { std::free(pointer); };
   std::unique_ptr<float, decltype(release)> buffer(static_cast<float*>(std::aligned_alloc(64, buffer_bytes)), release);
   const size_t share = buffer_bytes / pool.size();

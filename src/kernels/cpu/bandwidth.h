@@ -12,7 +12,7 @@ namespace gemma4rt::kernels {
 // Bytes per second, the best of `repeats` passes over a buffer of `buffer_bytes`.
 double measure_read_bandwidth(ThreadPool& pool, size_t buffer_bytes = size_t{1} << 30, int repeats = 5);
 
-// One pass of reading [data, data + bytes) (bytes a multiple of 256); returns a value that depends on
+// One pass of reading [data, data + bytes) (bytes a multiple of 512); returns a value that depends on
 // every byte so the reads cannot be optimised away.
 float read_stream_scalar(const float* data, size_t bytes);
 float read_stream_avx2(const float* data, size_t bytes);

@@ -1,0 +1,263 @@
+#include "engine/verifier.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/generator.h"
+#include "engine/sampler.h"
+#include "tokenizer/chat_format.h"
+
+namespace gemma4rt {
+namespace {
+
+// Every built-in long prompt exceeds two sliding windows by this many tokens.
+constexpr int kLongPromptMargin = 16;
+
+double top2_margin(std::span<const float> logits) {
+  float best = -std::numeric_limits<float>::infinity(), second = best;
+  for (float value : logits) {
+    if (value > best) {
+      second = best;
+      best = value;
+    } else if (value > second) {
+      second = value;
+    }
+  }
+  return static_cast<double>(best) - second;
+}
+
+// Largest |a - b|; NaN or infinity anywhere counts as an infinite difference.
+double max_abs_difference(std::span<const float> a, std::span<const float> b) {
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double difference = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (!std::isfinite(difference)) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, difference);
+  }
+  return worst;
+}
+
+const char* kv_name(KvFormat format) { return format == KvFormat::kF32 ? "f32" : "bf16"; }
+
+// Deterministic ids in [3, vocab): fixed so that two runs of verify compare the same inputs.
+std::vector<int32_t> id_sequence(const ModelConfig& config, int length, uint32_t seed) {
+  std::vector<int32_t> ids = {config.bos_token_id};
+  uint32_t state = seed;
+  const uint32_t span = static_cast<uint32_t>(std::max(1, config.vocab_size - 3));
+  while (static_cast<int>(ids.size()) < length) {
+    state = state * 1664525u + 1013904223u;
+    ids.push_back(static_cast<int32_t>(3 + (state >> 8) % span));
+  }
+  return ids;
+}
+
+}  // namespace
+
+VerifyTolerance verify_tolerance(WeightFormat weights, KvFormat kv) {
+  if (weights == WeightFormat::kQ8) {
+    return {"q8", 1.0, false,
+            "q8: max |logit diff| <= 1.0 at every step (int8 weights); tokens may part only at near-ties"};
+  }
+  if (weights == WeightFormat::kBF16 || kv == KvFormat::kBF16) {
+    return {"bf16", 0.5, false,
+            "bf16: max |logit diff| <= 0.5 at every step (bf16 activations and KV); tokens may part only at near-ties"};
+  }
+  return {"f32", 1e-3, true, "f32: max |logit diff| <= 0.001 at every step and every token equal"};
+}
+
+PromptComparison compare_paths(Transformer& reference, Transformer& fast, const VerifyPrompt& prompt, int steps,
+                               const VerifyTolerance& tolerance) {
+  if (prompt.tokens.empty()) fail("prompt {}: no tokens", prompt.name);
+  if (steps < 1) fail("at least one step must be compared, got {}", steps);
+  const int needed = static_cast<int>(prompt.tokens.size()) + steps;
+  if (needed > reference.context_tokens() || needed > fast.context_tokens()) {
+    fail("prompt {}: {} tokens plus {} steps do not fit the engines' context of {}", prompt.name, prompt.tokens.size(), steps,
+         std::min(reference.context_tokens(), fast.context_tokens()));
+  }
+  PromptComparison comparison;
+  comparison.name = prompt.name;
+  comparison.prompt_tokens = static_cast<int>(prompt.tokens.size());
+  comparison.steps = steps;
+
+  std::span<const float> reference_logits = reference.forward(prompt.tokens, 0);
+  std::span<const float> fast_logits = fast.forward(prompt.tokens, 0);
+  int position = comparison.prompt_tokens;
+  for (int step = 0; step < steps; ++step) {
+    const double difference = max_abs_difference(reference_logits, fast_logits);
+    if (step == 0 || difference > comparison.max_logit_difference) {
+      comparison.max_logit_difference = difference;
+      comparison.max_difference_step = step;
+    }
+    const int32_t reference_token = argmax(reference_logits);
+    const int32_t fast_token = argmax(fast_logits);
+    comparison.reference_tokens.push_back(reference_token);
+    comparison.fast_tokens.push_back(fast_token);
+    if (fast_token != reference_token && !comparison.first_divergent_step) {
+      comparison.first_divergent_step = step;
+      comparison.reference_margin_at_divergence = top2_margin(reference_logits);
+    }
+    if (step + 1 == steps) break;
+    // Both paths continue on the reference's token (teacher forcing).
+    reference_logits = reference.forward(std::span<const int32_t>(&reference_token, 1), position);
+    fast_logits = fast.forward(std::span<const int32_t>(&reference_token, 1), position);
+    ++position;
+  }
+  comparison.sequence_match = !comparison.first_divergent_step.has_value();
+
+  if (!(comparison.max_logit_difference <= tolerance.max_logit_difference)) {
+    comparison.within_tolerance = false;
+    comparison.verdict = fmt::format("max |logit diff| {:.4g} exceeds the {} bound {:g}", comparison.max_logit_difference, tolerance.name,
+                                     tolerance.max_logit_difference);
+  } else if (tolerance.require_sequence_match && !comparison.sequence_match) {
+    comparison.within_tolerance = false;
+    comparison.verdict = fmt::format("tokens differ from step {}; {} requires every token equal", *comparison.first_divergent_step,
+                                     tolerance.name);
+  } else {
+    comparison.within_tolerance = true;
+    comparison.verdict = comparison.sequence_match ? "within tolerance"
+                                                   : fmt::format("within tolerance (a near-tie: the reference's top-2 margin there is {:.3g})",
+                                                                 comparison.reference_margin_at_divergence);
+  }
+  return comparison;
+}
+
+std::vector<int32_t> encode_with_bos(const Tokenizer& tokenizer, const ModelConfig& config, const std::string& text) {
+  std::vector<int32_t> ids = tokenizer.encode(text);
+  if (ids.empty() || ids.front() != config.bos_token_id) ids.insert(ids.begin(), config.bos_token_id);
+  return ids;
+}
+
+std::vector<int32_t> encode_chat_turn(const Tokenizer& tokenizer, const ModelConfig& config, const std::filesystem::path& model_dir,
+                                      const std::string& user_text) {
+  ChatOptions options;
+  // Without a template in the checkpoint, PLE models are the E-series (as `run --chat` decides).
+  options.style = detect_generation_prompt_style(
+      model_dir, config.has_per_layer_inputs() ? GenerationPromptStyle::kESeries : GenerationPromptStyle::kLargeModel);
+  const nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", user_text}}});
+  return encode_with_bos(tokenizer, config, render_chat(messages, nullptr, options));
+}
+
+std::vector<VerifyPrompt> builtin_verify_prompts(const ModelConfig& config, const Tokenizer* tokenizer,
+                                                 const std::filesystem::path& model_dir) {
+  const int long_length = 2 * config.sliding_window + kLongPromptMargin;
+  std::vector<VerifyPrompt> prompts;
+  if (tokenizer == nullptr) {
+    prompts.push_back({"ids-5", "", id_sequence(config, 5, 1)});
+    prompts.push_back({"ids-20", "", id_sequence(config, 20, 2)});
+    prompts.push_back({fmt::format("ids-long-{}", long_length + 1), "", id_sequence(config, long_length + 1, 3)});
+    return prompts;
+  }
+  const std::string completion = "The capital of France is";
+  prompts.push_back({"completion", completion, encode_with_bos(*tokenizer, config, completion)});
+  const std::string question = "What is the capital of Japan?";
+  prompts.push_back({"chat", question, encode_chat_turn(*tokenizer, config, model_dir, question)});
+  const std::string sentence = "hello world";
+  prompts.push_back({"hello", sentence, encode_with_bos(*tokenizer, config, sentence)});
+
+  const std::string paragraph =
+      "The capital of France is Paris. The capital of Japan is Tokyo. The capital of Peru is Lima. "
+      "Which country has Canberra as its capital? Australia does. ";
+  std::string text;
+  std::vector<int32_t> ids;
+  // Bounded so that a tokenizer that yields no tokens cannot loop forever.
+  for (int repeat = 0; repeat < 100000 && static_cast<int>(ids.size()) <= long_length; ++repeat) {
+    text += paragraph;
+    ids = encode_with_bos(*tokenizer, config, text);
+  }
+  prompts.push_back({fmt::format("long-{}", ids.size()), text, ids});
+  return prompts;
+}
+
+CoherenceProbe parse_coherence_probe(const std::string& argument) {
+  const size_t split = argument.rfind('=');
+  if (split == std::string::npos || split == 0 || split + 1 == argument.size()) {
+    fail("--expect \"{}\": expected PROMPT=TEXT with both parts non-empty", argument);
+  }
+  return {argument.substr(0, split), argument.substr(split + 1)};
+}
+
+std::string greedy_chat_answer(Transformer& transformer, const Tokenizer& tokenizer, const std::vector<int32_t>& prompt, int max_tokens) {
+  GenerationOptions options;
+  options.max_tokens = max_tokens;
+  const auto& eos = transformer.config().eos_token_ids;
+  options.stop_token_ids.assign(eos.begin(), eos.end());
+  GenerationResult result = generate(transformer, prompt, options);
+  std::vector<int32_t> tokens = result.tokens;
+  if (result.finish_reason == "stop" && !tokens.empty()) tokens.pop_back();
+  return tokenizer.decode(tokens, /*skip_special_tokens=*/true);
+}
+
+bool VerifyReport::ok() const {
+  const bool prompts_ok = std::all_of(prompts.begin(), prompts.end(), [](const PromptComparison& p) { return p.within_tolerance; });
+  const bool probes_ok = std::all_of(probes.begin(), probes.end(), [](const ProbeResult& p) { return p.passed; });
+  return prompts_ok && probes_ok;
+}
+
+VerifyReport run_verification(const Model& model, const VerifyOptions& options, const VerifyObserver& observer) {
+  const ModelConfig& config = model.config();
+  if (options.steps < 1) fail("--max-tokens must be at least 1, got {}", options.steps);
+  if (options.probe_tokens < 1) fail("--probe-tokens must be at least 1, got {}", options.probe_tokens);
+
+  std::optional<Tokenizer> tokenizer;
+  const std::filesystem::path tokenizer_path = model.directory() / "tokenizer.json";
+  if (std::filesystem::exists(tokenizer_path)) {
+    tokenizer.emplace(Tokenizer::load(tokenizer_path));
+  } else if (!options.prompt_texts.empty() || !options.probes.empty()) {
+    fail("{}: file not found (needed to tokenize --prompts and --expect)", tokenizer_path.string());
+  }
+
+  std::vector<VerifyPrompt> prompts;
+  if (options.builtin_prompts) prompts = builtin_verify_prompts(config, tokenizer ? &*tokenizer : nullptr, model.directory());
+  for (size_t index = 0; index < options.prompt_texts.size(); ++index) {
+    const std::string& text = options.prompt_texts[index];
+    prompts.push_back({fmt::format("prompts:{}", index + 1), text, encode_with_bos(*tokenizer, config, text)});
+  }
+  std::vector<std::vector<int32_t>> probe_prompts;
+  for (const CoherenceProbe& probe : options.probes) probe_prompts.push_back(encode_chat_turn(*tokenizer, config, model.directory(), probe.prompt));
+
+  // One context for everything: the longest prompt plus its steps or answer.
+  int context = 1;
+  for (const VerifyPrompt& prompt : prompts) context = std::max(context, static_cast<int>(prompt.tokens.size()) + options.steps);
+  for (const auto& ids : probe_prompts) context = std::max(context, static_cast<int>(ids.size()) + options.probe_tokens);
+
+  EngineOptions reference_options;
+  reference_options.reference = true;
+  reference_options.context_tokens = context;
+  reference_options.threads = options.threads;
+  EngineOptions fast_options;
+  fast_options.context_tokens = context;
+  fast_options.threads = options.threads;
+  fast_options.weight_format = options.weight_format;
+  fast_options.kv_format = options.kv_format;
+  Transformer reference(model, reference_options);
+  Transformer fast(model, fast_options);
+
+  VerifyReport report;
+  report.fast_weights = weight_format_name(fast.weight_format());
+  report.fast_kv = kv_name(fast.kv_cache().format());
+  report.tolerance = verify_tolerance(fast.weight_format(), fast.kv_cache().format());
+  report.steps = options.steps;
+  if (observer.on_start) observer.on_start(report);
+
+  for (const VerifyPrompt& prompt : prompts) {
+    report.prompts.push_back(compare_paths(reference, fast, prompt, options.steps, report.tolerance));
+    if (observer.on_prompt) observer.on_prompt(report.prompts.back());
+  }
+  for (size_t index = 0; index < options.probes.size(); ++index) {
+    ProbeResult probe;
+    probe.prompt = options.probes[index].prompt;
+    probe.expected = options.probes[index].expected;
+    probe.output = greedy_chat_answer(fast, *tokenizer, probe_prompts[index], options.probe_tokens);
+    probe.reference_output = greedy_chat_answer(reference, *tokenizer, probe_prompts[index], options.probe_tokens);
+    probe.passed = probe.output.find(probe.expected) != std::string::npos;
+    report.probes.push_back(probe);
+    if (observer.on_probe) observer.on_probe(report.probes.back());
+  }
+  return report;
+}
+
+}  // namespace gemma4rt

@@ -1,0 +1,136 @@
+// `gemma4rt verify` as a library: the fast path against the scalar fp32 reference path on the same
+// checkpoint, plus coherence probes. Agreement alone proves little: both paths read the same tokenizer,
+// config and tensors, so a broken input makes them agree on a wrong answer. The probes ("this question's
+// answer must contain this text") catch what agreement cannot.
+//
+// Comparison of one prompt: the reference decodes `steps` tokens greedily (end-of-sequence ignored); the
+// fast path is fed the reference's tokens (teacher forcing) and its logits are compared at every step.
+// Because both paths see identical inputs up to the first step where the fast path's argmax differs,
+// that step is exactly where a free-running fast decode would first diverge, and the logit difference is
+// measured on every step rather than only on the shared prefix.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/transformer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace gemma4rt {
+
+// What the fast path must achieve against the reference, chosen by its least precise format (weights or
+// KV cache). Logits are compared after the final softcap, so they lie in (-30, 30) on Gemma-4.
+//   f32 weights and f32 KV: max |logit diff| <= 1e-3 and every token equal. Only summation order
+//     differs from the reference; this is the bar the golden tests hold the reference path to against
+//     Hugging Face.
+//   bf16 (weights or KV): max |logit diff| <= 0.5. Activations and cached K/V are rounded to bf16 at
+//     every layer; token sequences may part at near-ties, which a bounded difference already implies
+//     (an argmax can only flip where the reference's top-2 margin is below twice the bound).
+//   q8 weights: max |logit diff| <= 1.0: block-wise int8 rounding of every weight on top of bf16.
+// The bounds sit several times above what healthy kernels show on the test fixtures and far below what
+// real forward-pass bugs produce (a dropped layer_scalar, a wrong RoPE or norm move logits by whole units
+// on most steps), so a failure means a kernel bug rather than rounding.
+struct VerifyTolerance {
+  std::string name;                    // "f32", "bf16", "q8"
+  double max_logit_difference = 0.0;
+  bool require_sequence_match = false;
+  std::string description;             // one line for the report
+};
+VerifyTolerance verify_tolerance(WeightFormat weights, KvFormat kv);
+
+struct VerifyPrompt {
+  std::string name;
+  std::string text;                    // empty for built-in id sequences
+  std::vector<int32_t> tokens;         // what both paths are fed, <bos> first
+};
+
+struct PromptComparison {
+  std::string name;
+  int prompt_tokens = 0;
+  int steps = 0;
+  std::vector<int32_t> reference_tokens;        // greedy on the reference path
+  std::vector<int32_t> fast_tokens;             // the fast path's argmax at each step, on the reference's prefix
+  bool sequence_match = false;                  // SEQ_MATCH: every step's argmax equal
+  std::optional<int> first_divergent_step;
+  double reference_margin_at_divergence = 0.0;  // reference top-2 logit gap at that step
+  double max_logit_difference = 0.0;            // over every step and vocabulary entry; infinity for NaN
+  int max_difference_step = 0;
+  bool within_tolerance = false;
+  std::string verdict;                          // why it is (not) within tolerance
+};
+
+// Runs one prompt through both engines (each restarted at position 0; their contexts must hold
+// prompt + steps tokens).
+PromptComparison compare_paths(Transformer& reference, Transformer& fast, const VerifyPrompt& prompt, int steps,
+                               const VerifyTolerance& tolerance);
+
+// Built-in prompts: with a tokenizer, a raw completion, a chat turn and a plain sentence, plus one text
+// longer than two sliding windows (repeated until it has more than 2 * sliding_window + 16 tokens) so
+// that ring-buffer wrap-around and the window mask are exercised; without one, deterministic id sequences
+// of the same lengths.
+std::vector<VerifyPrompt> builtin_verify_prompts(const ModelConfig& config, const Tokenizer* tokenizer,
+                                                 const std::filesystem::path& model_dir);
+
+// Text encoded as run --prompt does it: exactly one <bos> in front.
+std::vector<int32_t> encode_with_bos(const Tokenizer& tokenizer, const ModelConfig& config, const std::string& text);
+// One user turn rendered with the checkpoint's chat format (generation prompt style detected from its
+// template) and encoded.
+std::vector<int32_t> encode_chat_turn(const Tokenizer& tokenizer, const ModelConfig& config, const std::filesystem::path& model_dir,
+                                      const std::string& user_text);
+
+// A coherence probe, from the command line's "PROMPT=TEXT" (split at the last '=', since a question is
+// likelier to hold an '=' than a short expected answer).
+struct CoherenceProbe {
+  std::string prompt;
+  std::string expected;
+};
+CoherenceProbe parse_coherence_probe(const std::string& argument);
+
+struct ProbeResult {
+  std::string prompt;
+  std::string expected;
+  std::string output;                  // fast path's answer, special tokens skipped
+  std::string reference_output;        // the reference path's answer to the same chat turn
+  bool passed = false;                 // output contains expected
+};
+
+// Greedy answer to one chat turn, stopping on the checkpoint's eos ids or after max_tokens.
+std::string greedy_chat_answer(Transformer& transformer, const Tokenizer& tokenizer, const std::vector<int32_t>& prompt, int max_tokens);
+
+struct VerifyOptions {
+  std::optional<WeightFormat> weight_format;  // default: the checkpoint's dtype (as `run` picks it)
+  std::optional<KvFormat> kv_format;          // default: the fast path's (bf16)
+  int threads = 0;
+  int steps = 32;                             // greedy steps per prompt
+  int probe_tokens = 64;                      // most tokens of a probe's answer
+  bool builtin_prompts = true;
+  std::vector<std::string> prompt_texts;      // --prompts FILE, one per line
+  std::vector<CoherenceProbe> probes;
+};
+
+struct VerifyReport {
+  std::string fast_weights;                   // "bf16", ...
+  std::string fast_kv;
+  VerifyTolerance tolerance;
+  int steps = 0;
+  std::vector<PromptComparison> prompts;
+  std::vector<ProbeResult> probes;
+
+  bool ok() const;                            // every prompt within tolerance and every probe passed
+};
+
+// Called as each result is ready, so a slow run on a real checkpoint shows progress.
+struct VerifyObserver {
+  std::function<void(const VerifyReport&)> on_start;  // tolerance and formats are known
+  std::function<void(const PromptComparison&)> on_prompt;
+  std::function<void(const ProbeResult&)> on_probe;
+};
+
+// Throws Error for unusable requests (text prompts or probes without a tokenizer.json, an empty prompt).
+VerifyReport run_verification(const Model& model, const VerifyOptions& options, const VerifyObserver& observer = {});
+
+}  // namespace gemma4rt
