@@ -7,7 +7,8 @@
 //                              memory-bound GEMV / small batches. Shapes that fit in L3 rotate over
 //                              copies of the weight totalling >= 256 MiB, as a decode step streams every
 //                              layer's weights. Counters: GB/s of weight bytes read, % of the probe with
-//                              the same thread count, tok/s if this matmul were the whole step.
+//                              the same thread count (run right after the case), tok/s if this matmul
+//                              were the whole step.
 //   Prefill/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
 //                              compute-bound; GFLOP/s counts 2 * tokens * rows * cols.
 //   Prepare/<fmt>/...          the once-per-matmul activation conversion.
@@ -130,13 +131,6 @@ double probe_bandwidth(int threads, int repeats) {
     best = std::max(best, kProbeBytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return best;
-}
-
-double cached_probe_bandwidth(int threads) {
-  static std::map<int, double> probed;
-  auto found = probed.find(threads);
-  if (found == probed.end()) found = probed.emplace(threads, probe_bandwidth(threads, 5)).first;
-  return found->second;
 }
 
 void ReadBandwidth(benchmark::State& state) {
@@ -295,7 +289,8 @@ void RunMatmul(benchmark::State& state, MatmulCase c) {
     state.counters["GB/s"] = benchmark::Counter(set.bytes_per_copy * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["tok/s"] = benchmark::Counter(static_cast<double>(c.tokens), benchmark::Counter::kIsIterationInvariantRate);
     const double bytes_per_second = set.bytes_per_copy * static_cast<double>(state.iterations()) / seconds;
-    state.counters["%probe"] = 100.0 * bytes_per_second / cached_probe_bandwidth(c.threads);
+    // Memory bandwidth on a shared or virtual machine drifts, so the probe runs right after each case.
+    state.counters["%probe"] = 100.0 * bytes_per_second / probe_bandwidth(c.threads, 3);
   }
 }
 

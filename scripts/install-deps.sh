@@ -8,6 +8,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nodejs npm
+  libopenmpi-dev openmpi-bin
 )
 
 missing=()

@@ -88,6 +88,8 @@ PromptComparison compare_paths(Transformer& reference, Transformer& fast, const 
   int position = comparison.prompt_tokens;
   for (int step = 0; step < steps; ++step) {
     const double difference = max_abs_difference(reference_logits, fast_logits);
+    comparison.step_differences.push_back(difference);
+    comparison.reference_margins.push_back(top2_margin(reference_logits));
     if (step == 0 || difference > comparison.max_logit_difference) {
       comparison.max_logit_difference = difference;
       comparison.max_difference_step = step;

@@ -58,6 +58,8 @@ struct PromptComparison {
   std::optional<int> first_divergent_step;
   double reference_margin_at_divergence = 0.0;  // reference top-2 logit gap at that step
   double max_logit_difference = 0.0;            // over every step and vocabulary entry; infinity for NaN
+  std::vector<double> step_differences;         // max |logit diff| of each step
+  std::vector<double> reference_margins;        // reference top-2 logit gap of each step
   int max_difference_step = 0;
   bool within_tolerance = false;
   std::string verdict;                          // why it is (not) within tolerance

@@ -417,6 +417,10 @@ DeploymentPlan make_deployment_plan(const ModelConfig& config, const std::string
   if (options.batch < 1) fail("the batch must be at least 1 sequence, got {}", options.batch);
   if (options.prefill_chunk_tokens < 1) fail("the prefill chunk must be at least 1 token, got {}", options.prefill_chunk_tokens);
   if (options.tp) make_shard_plan(config, *options.tp);  // a clear error for an impossible --tp
+  if (target.kind == TargetKind::kCpu && options.tp.value_or(1) != 1) {
+    // Ranks on one machine share its memory, so a per-rank budget means nothing there.
+    fail("target {} is one rank; tensor parallelism is planned for accelerator targets", target.name);
+  }
 
   DeploymentPlan plan;
   plan.model = model_name;
@@ -426,7 +430,8 @@ DeploymentPlan make_deployment_plan(const ModelConfig& config, const std::string
 
   const int64_t usable = target.usable_per_rank_bytes();
   std::vector<RankBytes> details;
-  for (int degree : valid_tp_degrees(config)) {
+  const std::vector<int> degrees = target.kind == TargetKind::kCpu ? std::vector<int>{1} : valid_tp_degrees(config);
+  for (int degree : degrees) {
     RankBytes bytes = compute_rank_bytes(config, make_shard_plan(config, degree), target, options);
     bytes.memory.fits = bytes.memory.total_bytes <= usable;
     bytes.memory.within_target = degree <= target.ranks;

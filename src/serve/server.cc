@@ -1,10 +1,13 @@
 #include "serve/server.h"
 
+#include <array>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <variant>
 
 #include <httplib.h>
 
@@ -22,6 +25,14 @@ using Clock = std::chrono::steady_clock;
 
 // While a response waits for tokens, something is written this often so a vanished client is noticed.
 constexpr auto kHeartbeatInterval = std::chrono::milliseconds(250);
+
+// Connections served at once when ServerOptions::http_threads is 0: every open connection holds a thread
+// (running and queued requests, idle keep-alive ones), so this is far above any queue limit in use.
+constexpr size_t kMaxHttpThreads = 4096;
+
+// The routes and their methods, for 405 answers.
+constexpr std::array<std::pair<std::string_view, std::string_view>, 5> kRoutes = {{
+    {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"}, {"/health", "GET"}, {"/metrics", "GET"}}};
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -67,24 +78,136 @@ std::string token_piece(const Tokenizer& tokenizer, int32_t token) {
   return tokenizer.decode(ids, false);
 }
 
-json token_bytes(const std::string& text) {
-  json bytes = json::array();
-  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
-  return bytes;
+// The bytes a token stands for. A byte-fallback piece `<0xHH>` is that one byte, although its text
+// alone decodes to U+FFFD when the byte is part of a longer character; anything else is its text.
+std::string token_raw_bytes(const Tokenizer& tokenizer, int32_t token) {
+  if (token >= 0 && token < tokenizer.vocab_size()) {
+    const std::string& piece = tokenizer.token_text(token);
+    const auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+    if (piece.size() == 6 && piece.starts_with("<0x") && piece.back() == '>' && hex(piece[3]) && hex(piece[4])) {
+      return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+    }
+  }
+  return token_piece(tokenizer, token);
+}
+
+json token_bytes(const std::string& bytes) {
+  json list = json::array();
+  for (unsigned char c : bytes) list.push_back(static_cast<int>(c));
+  return list;
 }
 
 json chat_logprob_entry(const Tokenizer& tokenizer, const Piece& piece) {
   const std::string text = token_piece(tokenizer, piece.token);
   json top = json::array();
   for (const TokenLogprob& alternative : piece.top_logprobs) {
-    const std::string alternative_text = token_piece(tokenizer, alternative.token);
-    top.push_back({{"token", alternative_text}, {"logprob", alternative.logprob}, {"bytes", token_bytes(alternative_text)}});
+    top.push_back({{"token", token_piece(tokenizer, alternative.token)},
+                   {"logprob", alternative.logprob},
+                   {"bytes", token_bytes(token_raw_bytes(tokenizer, alternative.token))}});
   }
-  return {{"token", text}, {"logprob", *piece.logprob}, {"bytes", token_bytes(text)}, {"top_logprobs", top}};
+  return {{"token", text}, {"logprob", *piece.logprob}, {"bytes", token_bytes(token_raw_bytes(tokenizer, piece.token))}, {"top_logprobs", top}};
 }
 
-std::string sse(const json& data) {
-  return "data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+// Request text can reach a response (an error message quoting the body, a path, a model alias):
+// invalid UTF-8 becomes U+FFFD instead of an exception from the serializer.
+std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse(const json& data) { return "data: " + dump(data) + "\n\n"; }
+
+// HTTP worker threads, started as connections need them and kept for reuse. A fixed pool lets long
+// streams and queued requests (each holds its connection's thread) take every thread, so /health,
+// /metrics and the 429 of a full queue would wait behind them unanswered.
+class ConnectionThreads : public httplib::TaskQueue {
+ public:
+  explicit ConnectionThreads(size_t max_threads) : max_threads_(std::max<size_t>(1, max_threads)) {}
+
+  void enqueue(std::function<void()> job) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const size_t available = threads_.size() - busy_;
+      if (jobs_.size() + 1 > available && threads_.size() < max_threads_) {
+        try {
+          threads_.emplace_back([this] { work(); });
+        } catch (const std::system_error&) {
+          // No thread to be had: the connection waits for a running one. With none at all, there is
+          // nothing better than to serve it here, on the listener.
+          if (threads_.empty()) job_to_run_here_ = true;
+        }
+      }
+      if (!job_to_run_here_) jobs_.push_back(std::move(job));
+    }
+    if (job_to_run_here_) {
+      job_to_run_here_ = false;
+      job();
+      return;
+    }
+    changed_.notify_one();
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    // The listener no longer enqueues: the list of threads is final.
+    for (std::thread& thread : threads_) thread.join();
+    threads_.clear();
+  }
+
+ private:
+  void work() {
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and every accepted connection was served
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+        ++busy_;
+      }
+      job();
+      std::lock_guard<std::mutex> lock(mutex_);
+      --busy_;
+    }
+  }
+
+  const size_t max_threads_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  size_t busy_ = 0;
+  bool stopping_ = false;
+  bool job_to_run_here_ = false;  // only touched by the listener thread, the one caller of enqueue()
+};
+
+// The body of a POST, read by the handler itself: httplib's own reading refuses form-encoded bodies
+// over 8 KiB (what `curl -d` sends), whatever --max-body-mb says.
+struct BodyError {
+  int status;
+  std::string message;
+};
+std::variant<std::string, BodyError> read_body(const httplib::Request& request, const httplib::Response& response,
+                                               const httplib::ContentReader& reader, size_t max_bytes) {
+  std::string body;
+  bool ok;
+  if (request.is_multipart_form_data()) {
+    ok = reader([](const httplib::MultipartFormData&) { return true; }, [](const char*, size_t) { return true; });
+    if (ok) return BodyError{400, "the request body must be JSON, not multipart form data"};
+  } else {
+    ok = reader([&](const char* data, size_t size) {
+      body.append(data, size);
+      return true;
+    });
+  }
+  if (!ok) {
+    // httplib sets 413 when the body is over the limit (also a chunked one, once it gets there).
+    if (response.status == 413) return BodyError{413, fmt::format("the request body exceeds {} bytes", max_bytes)};
+    return BodyError{400, "the request body could not be read"};
+  }
+  return body;
 }
 
 // Turns the session's pieces into OpenAI objects; used for both the streamed and the whole response.
@@ -195,9 +318,11 @@ class ResponseBuilder {
     completion_logprobs_["tokens"].push_back(text);
     completion_logprobs_["token_logprobs"].push_back(*piece.logprob);
     completion_logprobs_["top_logprobs"].push_back(top);
-    completion_logprobs_["text_offset"].push_back(text_offset_);
-    text_offset_ += static_cast<int>(text.size());
-    return {{"tokens", {text}}, {"token_logprobs", {*piece.logprob}}, {"top_logprobs", {top}}, {"text_offset", {text_offset_ - static_cast<int>(text.size())}}};
+    // Offsets count the bytes of the text; a byte-fallback token adds its one byte, not its U+FFFD.
+    const int offset = text_offset_;
+    completion_logprobs_["text_offset"].push_back(offset);
+    text_offset_ += static_cast<int>(token_raw_bytes(tokenizer, piece.token).size());
+    return {{"tokens", {text}}, {"token_logprobs", {*piece.logprob}}, {"top_logprobs", {top}}, {"text_offset", {offset}}};
   }
 
   json tool_call_json(const ToolCall& call, std::optional<int> index) {
@@ -263,7 +388,7 @@ Server::~Server() {
 
 void Server::send_error(httplib::Response& response, const ApiError& error, const std::string& route) {
   response.status = error.status;
-  response.set_content(error_body(error).dump(), "application/json");
+  response.set_content(dump(error_body(error)), "application/json");
   metrics_.count_request(route, error.status);
 }
 
@@ -278,8 +403,8 @@ bool Server::authorized(const httplib::Request& request, httplib::Response& resp
 
 void Server::start() {
   httplib::Server& http = *http_;
-  const int threads = options_.http_threads > 0 ? options_.http_threads : 64;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const size_t threads = options_.http_threads > 0 ? static_cast<size_t>(options_.http_threads) : kMaxHttpThreads;
+  http.new_task_queue = [threads] { return new ConnectionThreads(threads); };
   http.set_payload_max_length(options_.max_body_bytes);
   http.set_read_timeout(30, 0);
   http.set_write_timeout(30, 0);
@@ -287,7 +412,7 @@ void Server::start() {
   http.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
     const bool ok = ready_.load() && !draining_.load();
     response.status = ok ? 200 : 503;
-    response.set_content(json{{"status", ok ? "ok" : (draining_.load() ? "draining" : "loading")}}.dump(), "application/json");
+    response.set_content(dump({{"status", ok ? "ok" : (draining_.load() ? "draining" : "loading")}}), "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
     std::optional<SchedulerStats> stats;
@@ -300,25 +425,53 @@ void Server::start() {
       send_error(response, ApiError(503, "server_error", "the model is still loading"), "/v1/models");
       return;
     }
-    const json model = {{"id", state_->model.id}, {"object", "model"}, {"created", 0}, {"owned_by", "gemma4rt"},
-                        {"max_model_len", state_->model.context_tokens}};
-    response.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+    response.set_content(dump({{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
     metrics_.count_request("/v1/models", 200);
   });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
-    handle_completion(request, response, true);
+  // One model by id (OpenAI's models.retrieve).
+  http.Get("/v1/models/(.+)", [this](const httplib::Request& request, httplib::Response& response) {
+    if (!authorized(request, response)) return;
+    if (!ready_.load()) {
+      send_error(response, ApiError(503, "server_error", "the model is still loading"), "/v1/models");
+      return;
+    }
+    const std::string id = request.matches[1];
+    if (id != state_->model.id) {
+      send_error(response, ApiError(404, "invalid_request_error", fmt::format("the model '{}' does not exist; this server serves '{}'", id, state_->model.id), "model", "model_not_found"),
+                 "/v1/models");
+      return;
+    }
+    response.set_content(dump(model_object()), "application/json");
+    metrics_.count_request("/v1/models", 200);
   });
-  http.Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
-    handle_completion(request, response, false);
-  });
+  for (const bool chat : {true, false}) {
+    const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
+    http.Post(route, [this, chat, route](const httplib::Request& request, httplib::Response& response, const httplib::ContentReader& reader) {
+      auto body = read_body(request, response, reader, options_.max_body_bytes);
+      if (const BodyError* error = std::get_if<BodyError>(&body)) {
+        send_error(response, ApiError(error->status, "invalid_request_error", error->message), route);
+        return;
+      }
+      handle_completion(request, std::get<std::string>(body), response, chat);
+    });
+  }
   // Anything the routes did not answer (unknown path, wrong method, body too large) gets an error object.
   http.set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
     if (!response.body.empty()) return;
     std::string message = fmt::format("no route for {} {}", request.method, request.path);
     std::string type = "invalid_request_error";
+    if (response.status == 404) {
+      // A known route asked with the wrong method.
+      for (const auto& [path, method] : kRoutes) {
+        if (request.path != path) continue;
+        response.status = 405;
+        response.set_header("Allow", std::string(method));
+        message = fmt::format("{} {} is not supported; use {}", request.method, request.path, method);
+      }
+    }
     if (response.status == 413) message = fmt::format("the request body exceeds {} bytes", options_.max_body_bytes);
     if (response.status >= 500) type = "server_error";
-    response.set_content(error_body(ApiError(response.status, type, message)).dump(), "application/json");
+    response.set_content(dump(error_body(ApiError(response.status, type, message))), "application/json");
     metrics_.count_request("other", response.status);
   });
   http.set_exception_handler([this](const httplib::Request& request, httplib::Response& response, std::exception_ptr pointer) {
@@ -340,6 +493,10 @@ void Server::start() {
   listener_ = std::make_unique<std::thread>([this] { http_->listen_after_bind(); });
 }
 
+nlohmann::json Server::model_object() const {
+  return {{"id", state_->model.id}, {"object", "model"}, {"created", 0}, {"owned_by", "gemma4rt"}, {"max_model_len", state_->model.context_tokens}};
+}
+
 void Server::set_ready(std::shared_ptr<ServingState> state) {
   state_ = std::move(state);
   ready_.store(true);
@@ -357,7 +514,7 @@ void Server::wait() {
   if (listener_ && listener_->joinable()) listener_->join();
 }
 
-void Server::handle_completion(const httplib::Request& http_request, httplib::Response& response, bool chat) {
+void Server::handle_completion(const httplib::Request& http_request, const std::string& http_body, httplib::Response& response, bool chat) {
   const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
   if (!authorized(http_request, response)) return;
   if (draining_.load()) {
@@ -373,7 +530,7 @@ void Server::handle_completion(const httplib::Request& http_request, httplib::Re
   try {
     json body;
     try {
-      body = json::parse(http_request.body);
+      body = json::parse(http_body);
     } catch (const json::exception& error) {
       throw invalid_request(fmt::format("the body is not valid JSON: {}", error.what()));
     }
@@ -438,13 +595,18 @@ void Server::handle_completion(const httplib::Request& http_request, httplib::Re
     s.changed.notify_all();
   };
 
+  // Counted before the sequence can run: drain() must not see 0 between the sequence finishing and its
+  // response being written, or it would stop the listener under that response.
+  active_responses_++;
   try {
     session->handle = state.scheduler->submit(std::move(sequence));
   } catch (const Error& error) {
+    active_responses_--;
     send_error(response, invalid_request(error.what()), route);
     return;
   }
   if (!session->handle) {
+    active_responses_--;
     if (draining_.load()) {
       send_error(response, ApiError(503, "server_error", "the server is shutting down"), route);
     } else {
@@ -454,7 +616,6 @@ void Server::handle_completion(const httplib::Request& http_request, httplib::Re
   }
   metrics_.add_prompt_tokens(static_cast<int64_t>(request.prompt_tokens.size()));
   metrics_.count_request(route, 200);
-  active_responses_++;
 
   const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_++);
   auto shared_request = std::make_shared<ParsedRequest>(std::move(request));
@@ -463,7 +624,12 @@ void Server::handle_completion(const httplib::Request& http_request, httplib::Re
   auto finished_once = [this, session, done]() {
     if (*done) return;
     *done = true;
-    metrics_.add_completion_tokens(session->completion_tokens);
+    int completion_tokens = 0;
+    {
+      std::lock_guard<std::mutex> lock(session->mutex);
+      completion_tokens = session->completion_tokens;
+    }
+    metrics_.add_completion_tokens(completion_tokens);
     active_responses_--;
   };
 
@@ -495,6 +661,7 @@ void Server::handle_completion(const httplib::Request& http_request, httplib::Re
         std::deque<Piece> pieces;
         bool finished = false;
         std::string reason;
+        std::string error;
         int completion_tokens = 0;
         {
           std::unique_lock<std::mutex> lock(session->mutex);
@@ -502,6 +669,7 @@ void Server::handle_completion(const httplib::Request& http_request, httplib::Re
           pieces.swap(session->pieces);
           finished = session->finished;
           reason = session->finish_reason;
+          error = session->error;
           completion_tokens = session->completion_tokens;
         }
         const std::vector<json> chunks = builder->consume(pieces);
@@ -514,13 +682,18 @@ void Server::handle_completion(const httplib::Request& http_request, httplib::Re
           return false;
         }
         if (!finished) return true;
-        if (stream) {
+        if (reason == "error") {
+          // The engine failed. The status line (200) is already out: the error travels in the body, as
+          // an error event of the stream or an error object instead of the completion.
+          const json failure = error_body(ApiError(500, "server_error", "generation failed: " + error));
+          if (!write(stream ? sse(failure) + "data: [DONE]\n\n" : dump(failure))) return false;
+        } else if (stream) {
           for (const json& chunk : builder->finish_stream(reason, completion_tokens)) {
             if (!write(sse(chunk))) return false;
           }
           if (!write("data: [DONE]\n\n")) return false;
         } else {
-          if (!write(builder->whole(reason, completion_tokens).dump(-1, ' ', false, json::error_handler_t::replace))) return false;
+          if (!write(dump(builder->whole(reason, completion_tokens)))) return false;
         }
         sink.done();
         return true;

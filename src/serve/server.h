@@ -28,7 +28,7 @@ struct ServerOptions {
   std::string api_key;                 // empty: no authentication
   double request_timeout_seconds = 600.0;
   size_t max_body_bytes = size_t{8} << 20;
-  int http_threads = 0;                // 0: enough for every running and queued request plus spares
+  int http_threads = 0;                // connections served at once; 0: far more than any running and queued requests
 };
 
 // What the server serves once loading finished.
@@ -54,9 +54,10 @@ class Server {
   int port() const { return port_; }
 
  private:
-  void handle_completion(const httplib::Request& request, httplib::Response& response, bool chat);
+  void handle_completion(const httplib::Request& request, const std::string& body, httplib::Response& response, bool chat);
   bool authorized(const httplib::Request& request, httplib::Response& response);
   void send_error(httplib::Response& response, const ApiError& error, const std::string& route);
+  nlohmann::json model_object() const;
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;

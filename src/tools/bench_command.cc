@@ -64,7 +64,9 @@ int bench(const BenchFlags& flags) {
   const auto load_start = Clock::now();
   auto model = Model::load(flags.model_dir);
   const ModelConfig& config = model->config();
-  EngineOptions options = flags.engine.options();
+  std::unique_ptr<parallel::Communicator> communicator;
+  EngineOptions options = flags.engine.options(&communicator);
+  const bool prints = !communicator || communicator->rank() == 0;
   options.context_tokens = std::max(flags.prompt_tokens, flags.depth) + flags.decode_tokens + 1;
   options.max_chunk_tokens = std::min(flags.prompt_tokens, 512);
   fmt::print(stderr, "bench: preparing {} ({} layers) ...\n", flags.model_dir, config.num_layers);
@@ -89,7 +91,9 @@ int bench(const BenchFlags& flags) {
   }
 
   fmt::print(stderr, "bench: decoding {} tokens at depth 0 ...\n", flags.decode_tokens);
+  const double communication_before = transformer.communication_seconds();
   const DecodeFigures at_zero = time_decode(transformer, 0, flags.decode_tokens);
+  const double decode_communication_ms = (transformer.communication_seconds() - communication_before) * 1000.0 / flags.decode_tokens;
   DecodeFigures at_depth = at_zero;
   if (flags.depth > 0) {
     fmt::print(stderr, "bench: filling the context to depth {} ...\n", flags.depth);
@@ -124,7 +128,11 @@ int bench(const BenchFlags& flags) {
       {"kv_cache_bytes", transformer.kv_cache().size_bytes()},
       {"kv_bytes_per_context_token", transformer.kv_cache().bytes_per_context_token()},
       {"owned_weight_bytes", transformer.owned_weight_bytes()},
+      {"tensor_parallel", transformer.tensor_parallel_size()},
+      {"mpi", communicator != nullptr},
+      {"communication_ms_per_decode_token", decode_communication_ms},
   };
+  if (!prints) return 0;
   if (flags.json) {
     fmt::print("{}\n", result.dump(2));
     return 0;
@@ -137,6 +145,10 @@ int bench(const BenchFlags& flags) {
   fmt::print("{}| tg{} | {:.2f} | {:.1f}% of the {:.2f} tok/s roofline ({:.2f} GB/token at {:.1f} GB/s) |\n", head, flags.decode_tokens,
              at_zero.tokens_per_second, result["decode_percent_of_roofline"].get<double>(), roofline_tokens_per_second,
              bytes_per_token / 1e9, bandwidth / 1e9);
+  if (transformer.tensor_parallel_size() > 1) {
+    fmt::print("{}| tp{} {} | | {:.2f} ms of communication per decode token (rank 0) |\n", head, transformer.tensor_parallel_size(),
+               communicator ? "mpi" : "in-process", decode_communication_ms);
+  }
   if (flags.depth > 0) {
     fmt::print("{}| tg{} @ d{} | {:.2f} | {:.2f}x of depth 0 |\n", head, flags.decode_tokens, flags.depth, at_depth.tokens_per_second,
                result["decode_depth_ratio"].get<double>());

@@ -15,5 +15,8 @@ Action add_tokenize_command(CLI::App& app);
 Action add_make_model_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);
 Action add_serve_command(CLI::App& app);
+Action add_plan_command(CLI::App& app);
+Action add_doctor_command(CLI::App& app);
+Action add_verify_command(CLI::App& app);
 
 }  // namespace gemma4rt::tools

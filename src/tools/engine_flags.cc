@@ -10,10 +10,24 @@ void EngineFlags::add_to(CLI::App& command) {
   command.add_option("--kv", kv, "KV cache element format (default bf16; f32 with --reference)")->check(CLI::IsMember({"f32", "bf16"}));
   command.add_flag("--reference", reference, "Run the scalar fp32 reference kernels (the verification path; slow)");
   command.add_option("--threads", threads, "Worker threads (default: one per core)")->check(CLI::NonNegativeNumber);
+  command.add_option("--tp", tensor_parallel,
+                     "Tensor-parallel ranks: threads of this process, or the processes of `mpirun -np N` (default 1)")
+      ->check(CLI::Range(1, 256));
 }
 
-EngineOptions EngineFlags::options() const {
+EngineOptions EngineFlags::options(std::unique_ptr<parallel::Communicator>* communicator) const {
   EngineOptions options;
+  const int launched = parallel::launched_size();
+  if (launched > 1) {
+    // Started by mpirun: every process is one rank.
+    if (launched != tensor_parallel) fail("mpirun started {} processes but --tp is {}; they must agree", launched, tensor_parallel);
+    if (communicator == nullptr) fail("this command does not run under mpirun");
+    *communicator = parallel::make_mpi_communicator(nullptr, nullptr);
+    if (!*communicator) fail("this gemma4rt was built without MPI: install libopenmpi-dev and rebuild, or use --tp without mpirun");
+    options.communicator = communicator->get();
+  } else {
+    options.tensor_parallel = tensor_parallel;
+  }
   options.threads = threads;
   options.reference = reference;
   if (reference && !dtype.empty() && dtype != "f32") fail("--reference computes in f32; it cannot be combined with --dtype {}", dtype);

@@ -14,9 +14,12 @@ struct EngineFlags {
   std::string kv;         // "", "f32", "bf16"
   bool reference = false;
   int threads = 0;
+  int tensor_parallel = 1;
 
   void add_to(CLI::App& command);
-  EngineOptions options() const;  // throws Error for inconsistent choices
+  // Throws Error for inconsistent choices. Under mpirun (more than one launched process) this process
+  // becomes one rank of an MPI group of --tp ranks; `communicator` then owns that connection.
+  EngineOptions options(std::unique_ptr<parallel::Communicator>* communicator = nullptr) const;
 };
 
 }  // namespace gemma4rt::tools

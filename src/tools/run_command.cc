@@ -81,7 +81,10 @@ int run(const RunFlags& flags) {
   if (static_cast<int64_t>(prompt_tokens.size()) > flags.context_tokens) {
     fail("the prompt has {} tokens but --ctx is {}: raise --ctx or shorten the prompt", prompt_tokens.size(), flags.context_tokens);
   }
-  EngineOptions engine_options = flags.engine.options();
+  std::unique_ptr<parallel::Communicator> communicator;
+  EngineOptions engine_options = flags.engine.options(&communicator);
+  // Under mpirun every rank runs the same generation; only rank 0 writes the answer.
+  const bool prints = !communicator || communicator->rank() == 0;
   engine_options.context_tokens = flags.context_tokens;
   Transformer transformer(*model, engine_options);
 
@@ -92,7 +95,7 @@ int run(const RunFlags& flags) {
   options.stop_token_ids.assign(config.eos_token_ids.begin(), config.eos_token_ids.end());
 
   std::optional<StreamingDecoder> stream;
-  if (tokenizer && !flags.json) stream.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  if (tokenizer && !flags.json && prints) stream.emplace(*tokenizer, /*skip_special_tokens=*/true);
   auto on_token = [&](int32_t token) {
     if (stream) {
       const bool stops = !flags.ignore_eos && std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), token) !=
@@ -109,6 +112,7 @@ int run(const RunFlags& flags) {
   // The text leaves out the stop token that ended generation.
   std::vector<int32_t> text_tokens = result.tokens;
   if (result.finish_reason == "stop" && !text_tokens.empty()) text_tokens.pop_back();
+  if (!prints) return 0;
   if (flags.json) {
     nlohmann::json output;
     output["prompt_tokens"] = prompt_tokens;

@@ -2,9 +2,10 @@
 // tails, compared with a double-precision reference computed from the same rounded operands
 // (bf16-rounded activations for bf16; dequantised q8 weights and activations for q8).
 //
-// Tolerance: |y - reference| <= 1e-5 * sum_k |x_k| |w_k| (+1e-30 for all-zero rows). The operands are
-// identical, so only fp32 accumulation order differs: every path sums in fp32 over 8-16 lane vectors
-// (scalar: sequentially), an error of a few 1e-7 of sum |x| |w| for the K used here.
+// Tolerance: |y - reference| <= 2e-6 * sum_k |x_k| |w_k| (+1e-30 for all-zero rows). The operands are
+// identical, so only fp32 rounding differs: every path sums in fp32 (SIMD paths over 8-16 lane vectors,
+// scalar sequentially), and q8 rounds each block's w_scale * x_scale to fp32. The worst seen here is
+// about 1.8e-7 (scalar, K = 6157) and 1.2e-7 for the SIMD paths, so the bound has a 10x margin.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,7 +23,7 @@
 namespace gemma4rt::kernels {
 namespace {
 
-constexpr double kRelativeTolerance = 1e-5;
+constexpr double kRelativeTolerance = 2e-6;
 
 std::vector<Isa> runnable_levels() {
   std::vector<Isa> levels;

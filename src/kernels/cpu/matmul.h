@@ -4,17 +4,20 @@
 //
 // Activations are converted once per matmul (PreparedActivations) into the operand format the weight
 // format wants: f32 as is, bf16 rounded to nearest even, or q8 blocks of 32 with per-block scales. Each
-// product is then computed from those rounded operands; only the accumulation order and fp32 rounding
-// differ between the instruction-set paths (about 1e-6 of sum |x| |w|, see tests/unit/matmul_test.cc).
+// product is then computed from those rounded operands; only fp32 rounding of the sums differs between
+// the instruction-set paths (about 1e-7 of sum |x| |w|; tests/unit/matmul_test.cc allows 2e-6). The
+// vdpbf16ps path treats subnormal bf16 operands (below 1.2e-38) as zero.
 //
 // Every output element is computed by the same sequence of operations whichever row range it falls in,
-// so splitting rows across threads never changes results (bitwise).
+// so splitting rows across threads never changes results (bitwise). Decode (up to 8 tokens) streams
+// each weight row once for all tokens; prefill uses register tiles of tokens x rows over L2-sized
+// blocks of rows, without repacking the weights.
 //
 // Paths, chosen at call time from active_isa():
-//   scalar        plain loops (the reference the SIMD paths are tested against)
-//   avx2          f32: vfmadd231ps; bf16: shift/and to f32 + vfmadd231ps; q8: vpsignb + vpmaddubsw + vpmaddwd
-//   avx512        f32: vfmadd231ps zmm; bf16: shift/and to f32 + FMA; q8: vpdpbusd (VNNI)
-//   avx512bf16    bf16: vdpbf16ps; f32 and q8 as avx512
+//   scalar       plain loops (the reference the SIMD paths are tested against)
+//   avx2         f32: vfmadd231ps; bf16: shift/and to f32 + vfmadd231ps; q8: vpsignb + vpmaddubsw + vpmaddwd
+//   avx512       f32: vfmadd231ps zmm; bf16: shift/and to f32 + vfmadd231ps zmm; q8: vpdpbusd (VNNI)
+//   avx512bf16   bf16: vdpbf16ps; f32 and q8 as avx512
 #pragma once
 
 #include <cstddef>
@@ -102,13 +105,13 @@ void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64
 namespace detail {
 
 struct MatmulOperands {
-  const void* x;          // prepared activations: f32 / bf16 bits / int8, [tokens][x_stride], zero padded
-  const float* x_scales;  // q8: [tokens][x_stride / 32]
-  const std::byte* x_q8_steps;  // q8 for VNNI: [tokens][x_stride / 64] steps of 128 bytes (see PreparedActivations)
-  int64_t x_stride;       // elements between tokens (a multiple of 64)
+  const void* x;                // prepared activations: f32 / bf16 bits / int8, [tokens][x_stride], zero padded
+  const float* x_scales;        // q8: [tokens][x_stride / 32]
+  const std::byte* x_q8_steps;  // q8 for VNNI: [tokens][x_stride / 64] steps of 128 bytes (PreparedActivations)
+  int64_t x_stride;             // elements between tokens (a multiple of 64)
   int64_t tokens;
-  const void* w;          // weights [rows][cols]
-  const float* w_scales;  // q8: [rows][q8_blocks_per_row(cols)]
+  const void* w;                // weights [rows][cols]
+  const float* w_scales;        // q8: [rows][q8_blocks_per_row(cols)]
   int64_t cols;
   float* y;
   int64_t y_stride;

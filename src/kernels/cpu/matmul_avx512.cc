@@ -6,6 +6,9 @@
 // Every kernel is a register-blocked tile of (tokens x weight rows) dot products over the full K,
 // each dot product accumulated in its own 16-lane fp32 register in k order and reduced by one fixed
 // addition tree (reduce4): an output's value never depends on which tile or row range it was in.
+// Decode (<= 8 tokens) streams one weight row at a time for all tokens; prefill walks L2-sized blocks
+// of rows with tiles of up to 6 tokens x 4 rows (vdpbf16ps: 24 accumulators, 10 loads per 24 ops).
+
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (GCC bug 105593) once they are inlined into these kernels.
 #pragma GCC diagnostic push

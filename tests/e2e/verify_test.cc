@@ -1,0 +1,201 @@
+// gemma4rt verify: the fast path against the fp32 reference on built-in prompts and --prompts, and the
+// coherence probes. The decisive case is a corrupted copy (every layer_scalar set to 1.0) on which the
+// two paths agree token for token and still answer wrong: only the probe catches it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "core/error.h"
+#include "engine/verifier.h"
+#include "model/weights.h"
+#include "test_support.h"
+
+namespace gemma4rt::testing {
+namespace {
+
+const std::filesystem::path kModels = GEMMA4RT_MODELS;
+const std::filesystem::path kGolden = std::filesystem::path(GEMMA4RT_TEST_DATA) / "golden";
+const std::string kPrefix = "model.language_model.";
+const std::string kFranceProbe = "What is the capital of France?=Paris";
+
+std::vector<std::string> lines_starting_with(const std::string& out, const std::string& start) {
+  std::vector<std::string> found;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.starts_with(start)) found.push_back(line);
+  }
+  return found;
+}
+
+// tiny-e2b with every layer_scalar overwritten by 1.0: loads and runs on both paths, answers wrong.
+std::filesystem::path layer_scalars_set_to_one() {
+  const auto dir = fresh_work_dir("verify/layer_scalar_one");
+  copy_checkpoint(kModels / "tiny-e2b", dir);
+  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
+  for (int layer = 0; layer < 15; ++layer) {
+    const auto& offsets = image.header.at(kPrefix + "layers." + std::to_string(layer) + ".layer_scalar").at("data_offsets");
+    const uint16_t one = 0x3F80;  // bf16 1.0
+    std::memcpy(image.data.data() + offsets[0].get<size_t>(), &one, 2);
+  }
+  image.save(dir / "model.safetensors");
+  return dir;
+}
+
+TEST(Verify, PassesOnCoherenceModelWithProbe) {
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-e2b").string(), "--expect", kFranceProbe});
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  const auto seq_match = lines_starting_with(result.out, "SEQ_MATCH");
+  const auto diverged = lines_starting_with(result.out, "DIVERGED");
+  EXPECT_EQ(seq_match.size() + diverged.size(), 4u) << result.out;
+  // The coherence models have large top-2 margins: bf16 rounding cannot flip a token.
+  EXPECT_EQ(seq_match.size(), 4u) << result.out;
+  const auto probes = lines_starting_with(result.out, "PROBE PASS");
+  ASSERT_EQ(probes.size(), 1u) << result.out;
+  EXPECT_NE(probes[0].find("\"The capital of France is Paris.\""), std::string::npos) << probes[0];
+  EXPECT_NE(result.out.find("tolerance bf16: max |logit diff| <= 0.5"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("verify: OK"), std::string::npos) << result.out;
+}
+
+TEST(Verify, LongBuiltInPromptExceedsTwoSlidingWindows) {
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-12b").string(), "--json", "--max-tokens", "8"});
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json report = nlohmann::json::parse(result.out);
+  int longest = 0;
+  for (const auto& prompt : report["prompts"]) longest = std::max(longest, prompt["prompt_tokens"].get<int>());
+  EXPECT_GT(longest, 2 * 16) << result.out;
+  EXPECT_EQ(report["steps"], 8);
+}
+
+TEST(Verify, ProbeFailsWhereBothPathsAgreeOnAWrongAnswer) {
+  const auto dir = layer_scalars_set_to_one();
+  const CommandResult result = run_gemma4rt({"verify", "--model", dir.string(), "--expect", kFranceProbe, "--json"});
+  EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+  const nlohmann::json report = nlohmann::json::parse(result.out);
+  EXPECT_EQ(report["ok"], false);
+  // The equality check passes: fast and reference agree within the bf16 tolerance on every prompt (a
+  // random-looking model may still part at a near-tie) ...
+  ASSERT_FALSE(report["prompts"].empty());
+  for (const auto& prompt : report["prompts"]) EXPECT_EQ(prompt["within_tolerance"], true) << prompt.dump();
+  // ... and the answer is still wrong, on both paths.
+  ASSERT_EQ(report["probes"].size(), 1u);
+  const auto& probe = report["probes"][0];
+  EXPECT_EQ(probe["passed"], false) << probe.dump();
+  EXPECT_EQ(probe["output"].get<std::string>().find("Paris"), std::string::npos) << probe.dump();
+  EXPECT_EQ(probe["output"], probe["reference_output"]) << probe.dump();
+}
+
+TEST(Verify, TextOutputNamesTheFailedProbe) {
+  const auto dir = layer_scalars_set_to_one();
+  const CommandResult result = run_gemma4rt({"verify", "--model", dir.string(), "--expect", kFranceProbe, "--max-tokens", "4"});
+  EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+  const auto failed = lines_starting_with(result.out, "PROBE FAIL");
+  ASSERT_EQ(failed.size(), 1u) << result.out;
+  EXPECT_NE(failed[0].find("\"What is the capital of France?\""), std::string::npos) << failed[0];
+  EXPECT_NE(failed[0].find("does not contain \"Paris\""), std::string::npos) << failed[0];
+  EXPECT_NE(failed[0].find("the reference path answers the same"), std::string::npos) << failed[0];
+  EXPECT_NE(result.out.find("verify: FAILED: probe \"What is the capital of France?\" did not answer \"Paris\""), std::string::npos)
+      << result.out;
+}
+
+// Each weight format against the reference, on the random golden checkpoints (id prompts, no tokenizer).
+class VerifyFormats : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(VerifyFormats, WithinTheDtypeTolerance) {
+  const auto& [model, dtype] = GetParam();
+  std::vector<std::string> arguments = {"verify", "--model", (kGolden / model).string(), "--dtype", dtype, "--json"};
+  // f32 is held to 1e-3 and exact tokens, which only an f32 KV cache can meet.
+  if (dtype == "f32") arguments.insert(arguments.end(), {"--kv", "f32"});
+  const CommandResult result = run_gemma4rt(arguments);
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json report = nlohmann::json::parse(result.out);
+  EXPECT_EQ(report["tolerance"]["name"], dtype);
+  ASSERT_EQ(report["prompts"].size(), 3u);
+  EXPECT_GT(report["prompts"][2]["prompt_tokens"].get<int>(), 2 * 8) << result.out;  // golden sliding_window is 8
+  for (const auto& prompt : report["prompts"]) {
+    EXPECT_EQ(prompt["within_tolerance"], true) << prompt.dump();
+    EXPECT_LE(prompt["max_logit_diff"].get<double>(), report["tolerance"]["max_logit_diff"].get<double>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(VerifyGolden, VerifyFormats,
+                         ::testing::Combine(::testing::Values("tiny-e2b", "tiny-12b", "tiny-26b-a4b"), ::testing::Values("f32", "bf16", "q8")),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+TEST(Verify, PromptsFile) {
+  const auto dir = fresh_work_dir("verify/prompts_file");
+  write_text_file(dir / "prompts.txt", "The capital of Japan is\n\nWhich country has Lima as its capital?\n");
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-31b").string(), "--prompts", (dir / "prompts.txt").string(),
+                                             "--no-builtin", "--json", "--max-tokens", "6"});
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json report = nlohmann::json::parse(result.out);
+  ASSERT_EQ(report["prompts"].size(), 2u);
+  EXPECT_EQ(report["prompts"][0]["name"], "prompts:1");
+  EXPECT_EQ(report["prompts"][1]["name"], "prompts:2");
+  EXPECT_EQ(report["prompts"][0]["reference_tokens"].size(), 6u);
+}
+
+TEST(Verify, TensorParallelIsNotAvailableYet) {
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-e2b").string(), "--tp", "2"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("--tp 2"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("not available"), std::string::npos) << result.err;
+}
+
+TEST(Verify, ProbesNeedATokenizer) {
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kGolden / "tiny-e2b").string(), "--expect", kFranceProbe});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("tokenizer.json"), std::string::npos) << result.err;
+}
+
+TEST(Verify, MalformedExpect) {
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-e2b").string(), "--expect", "no equals sign"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("PROMPT=TEXT"), std::string::npos) << result.err;
+}
+
+// Library level.
+TEST(VerifyLibrary, ProbeSplitsAtTheLastEquals) {
+  const CoherenceProbe probe = parse_coherence_probe("Is 2+2=4? Answer yes or no=yes");
+  EXPECT_EQ(probe.prompt, "Is 2+2=4? Answer yes or no");
+  EXPECT_EQ(probe.expected, "yes");
+  EXPECT_THROW(parse_coherence_probe("=Paris"), Error);
+  EXPECT_THROW(parse_coherence_probe("question="), Error);
+}
+
+TEST(VerifyLibrary, TolerancePerFormat) {
+  EXPECT_EQ(verify_tolerance(WeightFormat::kF32, KvFormat::kF32).name, "f32");
+  EXPECT_TRUE(verify_tolerance(WeightFormat::kF32, KvFormat::kF32).require_sequence_match);
+  EXPECT_EQ(verify_tolerance(WeightFormat::kF32, KvFormat::kBF16).name, "bf16");
+  EXPECT_EQ(verify_tolerance(WeightFormat::kBF16, KvFormat::kF32).name, "bf16");
+  EXPECT_EQ(verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).name, "q8");
+  EXPECT_LT(verify_tolerance(WeightFormat::kBF16, KvFormat::kBF16).max_logit_difference,
+            verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).max_logit_difference);
+}
+
+TEST(VerifyLibrary, ReferenceAgainstItselfIsExact) {
+  auto model = Model::load(kGolden / "tiny-e4b");
+  EngineOptions options;
+  options.reference = true;
+  options.context_tokens = 64;
+  Transformer first(*model, options);
+  Transformer second(*model, options);
+  const std::vector<VerifyPrompt> prompts = builtin_verify_prompts(model->config(), nullptr, kGolden / "tiny-e4b");
+  ASSERT_EQ(prompts.size(), 3u);
+  for (const VerifyPrompt& prompt : prompts) {
+    const PromptComparison comparison = compare_paths(first, second, prompt, 5, verify_tolerance(WeightFormat::kF32, KvFormat::kF32));
+    EXPECT_TRUE(comparison.sequence_match) << prompt.name;
+    EXPECT_EQ(comparison.max_logit_difference, 0.0) << prompt.name;
+    EXPECT_TRUE(comparison.within_tolerance) << prompt.name;
+    EXPECT_EQ(comparison.reference_tokens, comparison.fast_tokens) << prompt.name;
+  }
+}
+
+}  // namespace
+}  // namespace gemma4rt::testing
