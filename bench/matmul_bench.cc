@@ -14,7 +14,13 @@
 //   Prepare/<fmt>/...          the once-per-matmul activation conversion.
 // Threads: the calling thread plus persistent std::threads, each taking an equal share of the rows
 // (a multiple of 16 rows), as the engine's pool does.
+// GCC 12 reports its own _mm512_undefined_*() placeholders in the intrinsic headers as uninitialised
+// (GCC bug 105593) once they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <atomic>

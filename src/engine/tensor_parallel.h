@@ -1,6 +1,5 @@
-// What one tensor-parallel rank computes: its query heads, KV heads (split when the layer's KV head
-// count divides by the degree, otherwise every rank keeps all of them), MLP rows, experts and vocabulary
-// rows. Derived from the unsharded head counts of each layer.
+// What one tensor-parallel rank computes, in the form the forward pass uses: its query heads, KV heads,
+// MLP rows, experts and vocabulary rows, read off the shard plan (src/parallel/shard_plan.h).
 #pragma once
 
 #include <vector>
@@ -31,7 +30,7 @@ struct RankPartition {
   std::vector<size_t> vocab_counts;   // every rank's vocabulary rows, for gathering logits
 };
 
-// Throws Error naming the layer and count when the degree does not divide query heads, MLP rows or experts.
+// Throws Error (from the shard plan) naming the layer when the degree does not fit the model.
 RankPartition partition_for_rank(const ModelConfig& config, int rank, int size);
 
 }  // namespace gemma4rt

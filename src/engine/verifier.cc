@@ -58,15 +58,18 @@ std::vector<int32_t> id_sequence(const ModelConfig& config, int length, uint32_t
 }  // namespace
 
 VerifyTolerance verify_tolerance(WeightFormat weights, KvFormat kv) {
+  constexpr double kUnbounded = std::numeric_limits<double>::infinity();
   if (weights == WeightFormat::kQ8) {
-    return {"q8", 1.0, false,
-            "q8: max |logit diff| <= 1.0 at every step (int8 weights); tokens may part only at near-ties"};
+    return {"q8", kUnbounded, 2.0, 4.0, false,
+            "q8: median over steps of the max |logit diff| <= 2; no token flip where the reference's top-2 margin exceeds 4 "
+            "(isolated spikes are reported, not failed)"};
   }
   if (weights == WeightFormat::kBF16 || kv == KvFormat::kBF16) {
-    return {"bf16", 0.5, false,
-            "bf16: max |logit diff| <= 0.5 at every step (bf16 activations and KV); tokens may part only at near-ties"};
+    return {"bf16", kUnbounded, 1.0, 2.0, false,
+            "bf16: median over steps of the max |logit diff| <= 1; no token flip where the reference's top-2 margin exceeds 2 "
+            "(isolated spikes are reported, not failed)"};
   }
-  return {"f32", 1e-3, true, "f32: max |logit diff| <= 0.001 at every step and every token equal"};
+  return {"f32", 1e-3, 1e-3, 0.0, true, "f32: max |logit diff| <= 0.001 at every step and every token equal"};
 }
 
 PromptComparison compare_paths(Transformer& reference, Transformer& fast, const VerifyPrompt& prompt, int steps,
@@ -98,9 +101,17 @@ PromptComparison compare_paths(Transformer& reference, Transformer& fast, const 
     const int32_t fast_token = argmax(fast_logits);
     comparison.reference_tokens.push_back(reference_token);
     comparison.fast_tokens.push_back(fast_token);
-    if (fast_token != reference_token && !comparison.first_divergent_step) {
-      comparison.first_divergent_step = step;
-      comparison.reference_margin_at_divergence = top2_margin(reference_logits);
+    if (fast_token != reference_token) {
+      const double margin = comparison.reference_margins.back();
+      if (!comparison.first_divergent_step) {
+        comparison.first_divergent_step = step;
+        comparison.reference_margin_at_divergence = margin;
+      }
+      if (comparison.flips == 0 || margin > comparison.largest_flip_margin) {
+        comparison.largest_flip_margin = margin;
+        comparison.largest_flip_step = step;
+      }
+      ++comparison.flips;
     }
     if (step + 1 == steps) break;
     // Both paths continue on the reference's token (teacher forcing).
@@ -109,20 +120,35 @@ PromptComparison compare_paths(Transformer& reference, Transformer& fast, const 
     ++position;
   }
   comparison.sequence_match = !comparison.first_divergent_step.has_value();
+  std::vector<double> sorted = comparison.step_differences;
+  std::sort(sorted.begin(), sorted.end());
+  comparison.median_logit_difference =
+      sorted.size() % 2 == 1 ? sorted[sorted.size() / 2] : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
 
-  if (!(comparison.max_logit_difference <= tolerance.max_logit_difference)) {
-    comparison.within_tolerance = false;
+  comparison.within_tolerance = false;
+  if (!std::isfinite(comparison.max_logit_difference)) {
+    comparison.verdict = fmt::format("the fast path's logits are not finite at step {}", comparison.max_difference_step);
+  } else if (comparison.max_logit_difference > tolerance.max_logit_difference) {
     comparison.verdict = fmt::format("max |logit diff| {:.4g} exceeds the {} bound {:g}", comparison.max_logit_difference, tolerance.name,
                                      tolerance.max_logit_difference);
+  } else if (comparison.median_logit_difference > tolerance.median_logit_difference) {
+    comparison.verdict = fmt::format("the median step's max |logit diff| {:.4g} exceeds the {} bound {:g}: the paths differ at every step",
+                                     comparison.median_logit_difference, tolerance.name, tolerance.median_logit_difference);
   } else if (tolerance.require_sequence_match && !comparison.sequence_match) {
-    comparison.within_tolerance = false;
     comparison.verdict = fmt::format("tokens differ from step {}; {} requires every token equal", *comparison.first_divergent_step,
                                      tolerance.name);
+  } else if (comparison.flips > 0 && comparison.largest_flip_margin > tolerance.decisive_margin) {
+    comparison.verdict = fmt::format("at step {} the fast path picks id {} where the reference prefers id {} by {:.3g}, more than rounding "
+                                     "can flip ({} bound {:g})",
+                                     comparison.largest_flip_step, comparison.fast_tokens[comparison.largest_flip_step],
+                                     comparison.reference_tokens[comparison.largest_flip_step], comparison.largest_flip_margin,
+                                     tolerance.name, tolerance.decisive_margin);
   } else {
     comparison.within_tolerance = true;
-    comparison.verdict = comparison.sequence_match ? "within tolerance"
-                                                   : fmt::format("within tolerance (a near-tie: the reference's top-2 margin there is {:.3g})",
-                                                                 comparison.reference_margin_at_divergence);
+    comparison.verdict = comparison.sequence_match
+                             ? "within tolerance"
+                             : fmt::format("within tolerance ({} near-tie flip{}, reference margin at most {:.3g})", comparison.flips,
+                                           comparison.flips == 1 ? "" : "s", comparison.largest_flip_margin);
   }
   return comparison;
 }

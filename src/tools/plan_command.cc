@@ -33,6 +33,8 @@ struct PlanFlags {
 };
 
 std::string gb(int64_t bytes) { return fmt::format("{:.2f} GB", static_cast<double>(bytes) / 1e9); }
+// Instance memory the way AWS quotes it.
+std::string capacity(int64_t bytes) { return fmt::format("{:g} GiB", static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30)); }
 
 void print_shards(const ShardPlan& plan, const std::string& model) {
   const parallel::Range first = plan.vocab_rows(0);
@@ -45,7 +47,7 @@ void print_shards(const ShardPlan& plan, const std::string& model) {
   for (const LayerShard& shard : plan.layers()) {
     std::string kv = fmt::format("{} of {}", shard.kv_heads_per_rank, shard.kv_heads);
     if (shard.kv_replicated) kv += fmt::format(", replicated x{}", shard.kv_replicas);
-    if (!shard.owns_kv) kv += fmt::format(", layer {}'s", shard.kv_source_layer);
+    if (!shard.owns_kv) kv += fmt::format(", from layer {}", shard.kv_source_layer);
     const std::string experts = shard.experts > 0 ? fmt::format("{} of {}", shard.experts_per_rank, shard.experts) : "-";
     fmt::print("{:>5}  {:<7}  {:>8}  {:>12}  {:<30}  {:>11}  {:>15}  {:>12}\n", shard.layer, shard.sliding ? "sliding" : "full",
                shard.head_dim, fmt::format("{} of {}", shard.q_heads_per_rank, shard.q_heads), kv, shard.groups_per_rank,
@@ -57,8 +59,8 @@ void print_deployment(const DeploymentPlan& plan) {
   const parallel::Target& target = plan.target;
   fmt::print("gemma4rt plan: {} ({:.2f} B parameters, every one counted) on {}\n", plan.model,
              static_cast<double>(plan.parameter_count) / 1e9, target.name);
-  fmt::print("  target: {}; usable per rank {}{}\n", target.description, gb(target.usable_per_rank_bytes()),
-             target.host_memory_bytes ? fmt::format(", host {}", gb(*target.host_memory_bytes)) : "");
+  fmt::print("  target: {}; usable per rank {} ({:.0f}%){}\n", target.description, gb(target.usable_per_rank_bytes()),
+             target.usable_fraction * 100.0, target.host_memory_bytes ? fmt::format(", host {}", capacity(*target.host_memory_bytes)) : "");
   fmt::print("  weights {}, KV cache {}, context {} tokens, batch {}, prefill chunk {} tokens\n",
              parallel::weight_dtype_name(plan.options.dtype), plan.options.dtype == parallel::WeightDtype::kF32 ? "f32" : "bf16",
              plan.options.context_tokens, plan.options.batch, plan.options.prefill_chunk_tokens);
@@ -87,7 +89,8 @@ void print_deployment(const DeploymentPlan& plan) {
   for (const std::string& remedy : plan.remedies) fmt::print("  remedy: {}\n", remedy);
   if (target.on_chip_buffer) {
     fmt::print("on-chip buffer ({} partitions x {} B) at TP={}: {}\n", target.on_chip_buffer->partitions,
-               target.on_chip_buffer->bytes_per_partition, plan.tp, plan.on_chip_issues.empty() ? "every op fits" : "");
+               target.on_chip_buffer->bytes_per_partition, plan.tp,
+               plan.on_chip_issues.empty() ? "every op checked fits" : "ops that do not fit, and what works instead");
     for (const parallel::OnChipIssue& issue : plan.on_chip_issues) {
       fmt::print("  {}: {} > {} B\n    remedy: {}\n", issue.op, issue.detail, issue.limit_bytes_per_partition, issue.remedy);
     }

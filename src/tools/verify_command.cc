@@ -51,9 +51,10 @@ std::string divergence_text(const PromptComparison& prompt) {
 }
 
 void print_prompt(const PromptComparison& prompt) {
-  fmt::print("{:<10} {}: {} prompt tokens, {} steps, first divergent step {}, max |logit diff| {:.4g} at step {}: {}{}\n",
+  fmt::print("{:<10} {}: {} prompt tokens, {} steps, first divergent step {}, max |logit diff| {:.4g} at step {} (median step {:.4g}): {}{}\n",
              prompt.sequence_match ? "SEQ_MATCH" : "DIVERGED", prompt.name, prompt.prompt_tokens, prompt.steps, divergence_text(prompt),
-             prompt.max_logit_difference, prompt.max_difference_step, prompt.within_tolerance ? "" : "FAIL: ", prompt.verdict);
+             prompt.max_logit_difference, prompt.max_difference_step, prompt.median_logit_difference, prompt.within_tolerance ? "" : "FAIL: ",
+             prompt.verdict);
   std::fflush(stdout);
 }
 
@@ -72,6 +73,8 @@ void print_probe(const ProbeResult& probe) {
   std::fflush(stdout);
 }
 
+nlohmann::json finite_or_null(double value) { return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(); }
+
 nlohmann::json to_json(const VerifyReport& report, const std::string& model_dir) {
   nlohmann::json prompts = nlohmann::json::array();
   for (const PromptComparison& prompt : report.prompts) {
@@ -83,8 +86,11 @@ nlohmann::json to_json(const VerifyReport& report, const std::string& model_dir)
                        {"reference_margin_at_divergence",
                         prompt.first_divergent_step ? nlohmann::json(prompt.reference_margin_at_divergence) : nlohmann::json()},
                        // JSON has no infinity: a NaN/inf logit is reported as null with within_tolerance false.
-                       {"max_logit_diff", std::isfinite(prompt.max_logit_difference) ? nlohmann::json(prompt.max_logit_difference) : nlohmann::json()},
+                       {"max_logit_diff", finite_or_null(prompt.max_logit_difference)},
                        {"max_logit_diff_step", prompt.max_difference_step},
+                       {"median_step_logit_diff", finite_or_null(prompt.median_logit_difference)},
+                       {"flips", prompt.flips},
+                       {"largest_flip_margin", prompt.flips > 0 ? nlohmann::json(prompt.largest_flip_margin) : nlohmann::json()},
                        {"within_tolerance", prompt.within_tolerance},
                        {"verdict", prompt.verdict},
                        {"step_max_logit_diff", prompt.step_differences},
@@ -104,7 +110,10 @@ nlohmann::json to_json(const VerifyReport& report, const std::string& model_dir)
           {"fast_path", {{"weights", report.fast_weights}, {"kv", report.fast_kv}}},
           {"tolerance",
            {{"name", report.tolerance.name},
-            {"max_logit_diff", report.tolerance.max_logit_difference},
+            // Unbounded limits are null: JSON has no infinity.
+            {"max_logit_diff", finite_or_null(report.tolerance.max_logit_difference)},
+            {"median_step_logit_diff", report.tolerance.median_logit_difference},
+            {"decisive_margin", report.tolerance.require_sequence_match ? nlohmann::json() : nlohmann::json(report.tolerance.decisive_margin)},
             {"require_seq_match", report.tolerance.require_sequence_match},
             {"description", report.tolerance.description}}},
           {"steps", report.steps},

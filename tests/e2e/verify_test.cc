@@ -31,8 +31,9 @@ std::vector<std::string> lines_starting_with(const std::string& out, const std::
 }
 
 // tiny-e2b with every layer_scalar overwritten by 1.0: loads and runs on both paths, answers wrong.
-std::filesystem::path layer_scalars_set_to_one() {
-  const auto dir = fresh_work_dir("verify/layer_scalar_one");
+// Each test builds its own copy: ctest may run tests in parallel.
+std::filesystem::path layer_scalars_set_to_one(const std::string& name) {
+  const auto dir = fresh_work_dir("verify/" + name);
   copy_checkpoint(kModels / "tiny-e2b", dir);
   SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
   for (int layer = 0; layer < 15; ++layer) {
@@ -55,7 +56,7 @@ TEST(Verify, PassesOnCoherenceModelWithProbe) {
   const auto probes = lines_starting_with(result.out, "PROBE PASS");
   ASSERT_EQ(probes.size(), 1u) << result.out;
   EXPECT_NE(probes[0].find("\"The capital of France is Paris.\""), std::string::npos) << probes[0];
-  EXPECT_NE(result.out.find("tolerance bf16: max |logit diff| <= 0.5"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("tolerance bf16: median over steps of the max |logit diff| <= 1;"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("verify: OK"), std::string::npos) << result.out;
 }
 
@@ -70,7 +71,7 @@ TEST(Verify, LongBuiltInPromptExceedsTwoSlidingWindows) {
 }
 
 TEST(Verify, ProbeFailsWhereBothPathsAgreeOnAWrongAnswer) {
-  const auto dir = layer_scalars_set_to_one();
+  const auto dir = layer_scalars_set_to_one("layer_scalar_one_json");
   const CommandResult result = run_gemma4rt({"verify", "--model", dir.string(), "--expect", kFranceProbe, "--json"});
   EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
   const nlohmann::json report = nlohmann::json::parse(result.out);
@@ -88,7 +89,7 @@ TEST(Verify, ProbeFailsWhereBothPathsAgreeOnAWrongAnswer) {
 }
 
 TEST(Verify, TextOutputNamesTheFailedProbe) {
-  const auto dir = layer_scalars_set_to_one();
+  const auto dir = layer_scalars_set_to_one("layer_scalar_one_text");
   const CommandResult result = run_gemma4rt({"verify", "--model", dir.string(), "--expect", kFranceProbe, "--max-tokens", "4"});
   EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
   const auto failed = lines_starting_with(result.out, "PROBE FAIL");
@@ -100,33 +101,55 @@ TEST(Verify, TextOutputNamesTheFailedProbe) {
       << result.out;
 }
 
-// Each weight format against the reference, on the random golden checkpoints (id prompts, no tokenizer).
-class VerifyFormats : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+// f32 fast kernels with an f32 KV cache are held to 1e-3 and exact tokens, on the random golden
+// checkpoints (id prompts, no tokenizer) where near-ties are everywhere.
+class VerifyStrictF32 : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(VerifyFormats, WithinTheDtypeTolerance) {
-  const auto& [model, dtype] = GetParam();
-  std::vector<std::string> arguments = {"verify", "--model", (kGolden / model).string(), "--dtype", dtype, "--json"};
-  // f32 is held to 1e-3 and exact tokens, which only an f32 KV cache can meet.
-  if (dtype == "f32") arguments.insert(arguments.end(), {"--kv", "f32"});
-  const CommandResult result = run_gemma4rt(arguments);
+TEST_P(VerifyStrictF32, MatchesTheReference) {
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kGolden / GetParam()).string(), "--dtype", "f32", "--kv", "f32", "--json"});
   EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
   const nlohmann::json report = nlohmann::json::parse(result.out);
-  EXPECT_EQ(report["tolerance"]["name"], dtype);
+  EXPECT_EQ(report["tolerance"]["name"], "f32");
   ASSERT_EQ(report["prompts"].size(), 3u);
   EXPECT_GT(report["prompts"][2]["prompt_tokens"].get<int>(), 2 * 8) << result.out;  // golden sliding_window is 8
   for (const auto& prompt : report["prompts"]) {
     EXPECT_EQ(prompt["within_tolerance"], true) << prompt.dump();
-    EXPECT_LE(prompt["max_logit_diff"].get<double>(), report["tolerance"]["max_logit_diff"].get<double>());
+    EXPECT_EQ(prompt["seq_match"], true) << prompt.dump();
+    EXPECT_LE(prompt["max_logit_diff"].get<double>(), 1e-3);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(VerifyGolden, VerifyFormats,
-                         ::testing::Combine(::testing::Values("tiny-e2b", "tiny-12b", "tiny-26b-a4b"), ::testing::Values("f32", "bf16", "q8")),
-                         [](const auto& info) {
-                           std::string name = std::get<0>(info.param) + "_" + std::get<1>(info.param);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+std::string param_name(const std::string& text) {
+  std::string name = text;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(VerifyGolden, VerifyStrictF32,
+                         ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
+                         [](const auto& info) { return param_name(info.param); });
+
+// bf16 and q8 on the trained checkpoints, where agreement means something (see verify_tolerance).
+class VerifyReducedPrecision : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(VerifyReducedPrecision, WithinTheDtypeTolerance) {
+  const auto& [model, dtype] = GetParam();
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / model).string(), "--dtype", dtype, "--json"});
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json report = nlohmann::json::parse(result.out);
+  EXPECT_EQ(report["tolerance"]["name"], dtype);
+  EXPECT_TRUE(report["tolerance"]["max_logit_diff"].is_null());
+  ASSERT_EQ(report["prompts"].size(), 4u);
+  for (const auto& prompt : report["prompts"]) {
+    EXPECT_EQ(prompt["within_tolerance"], true) << prompt.dump();
+    EXPECT_LE(prompt["median_step_logit_diff"].get<double>(), report["tolerance"]["median_step_logit_diff"].get<double>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(VerifyCoherence, VerifyReducedPrecision,
+                         ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
+                                            ::testing::Values("bf16", "q8")),
+                         [](const auto& info) { return param_name(std::get<0>(info.param) + "_" + std::get<1>(info.param)); });
 
 TEST(Verify, PromptsFile) {
   const auto dir = fresh_work_dir("verify/prompts_file");
@@ -175,8 +198,10 @@ TEST(VerifyLibrary, TolerancePerFormat) {
   EXPECT_EQ(verify_tolerance(WeightFormat::kF32, KvFormat::kBF16).name, "bf16");
   EXPECT_EQ(verify_tolerance(WeightFormat::kBF16, KvFormat::kF32).name, "bf16");
   EXPECT_EQ(verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).name, "q8");
-  EXPECT_LT(verify_tolerance(WeightFormat::kBF16, KvFormat::kBF16).max_logit_difference,
-            verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).max_logit_difference);
+  EXPECT_LT(verify_tolerance(WeightFormat::kBF16, KvFormat::kBF16).median_logit_difference,
+            verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).median_logit_difference);
+  EXPECT_LT(verify_tolerance(WeightFormat::kBF16, KvFormat::kBF16).decisive_margin,
+            verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).decisive_margin);
 }
 
 TEST(VerifyLibrary, ReferenceAgainstItselfIsExact) {

@@ -315,8 +315,12 @@ TEST(Deployment, SoftcapOverTheVocabularyIsFlaggedOnNeuronNotOnH200) {
   std::set<std::string> ops;
   for (const auto& issue : twelve.on_chip_issues) {
     ops.insert(issue.op);
-    if (issue.op == "final_softcap_tanh") EXPECT_EQ(issue.bytes_per_partition, 524288);
-    if (issue.op == "sliding_attention_scores") EXPECT_NE(issue.remedy.find("eager attention"), std::string::npos);
+    if (issue.op == "final_softcap_tanh") {
+      EXPECT_EQ(issue.bytes_per_partition, 524288);
+    }
+    if (issue.op == "sliding_attention_scores") {
+      EXPECT_NE(issue.remedy.find("eager attention"), std::string::npos);
+    }
   }
   EXPECT_TRUE(ops.contains("final_softcap_tanh"));
   EXPECT_TRUE(ops.contains("sliding_attention_scores"));

@@ -1,0 +1,49 @@
+// Load test of `gemma4rt serve`: N concurrent streaming completions, each decoding a fixed number of
+// tokens; reports aggregate decode tokens/s and time to first token. Loopback only, bounded in count.
+// usage: node bench/serve_load.mjs http://127.0.0.1:PORT CONCURRENCY [TOKENS] [PROMPT_TOKENS]
+const [base, concurrencyText, tokensText = "32", promptText = "64"] = process.argv.slice(2);
+const concurrency = Number(concurrencyText);
+const maxTokens = Number(tokensText);
+const promptTokens = Number(promptText);
+
+async function one(index) {
+  // Token ids, so any tokenizer works; different prompts per stream.
+  const prompt = [2, ...Array.from({ length: promptTokens - 1 }, (_, i) => 1000 + ((i * 7919 + index * 104729) % 200000))];
+  const started = performance.now();
+  const response = await fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ prompt, max_tokens: maxTokens, ignore_eos: true, temperature: 0, stream: true }),
+    signal: AbortSignal.timeout(600_000),
+  });
+  let firstToken = null;
+  let tokens = 0;
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for await (const bytes of response.body) {
+    buffer += decoder.decode(bytes, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
+      const chunk = JSON.parse(event.slice(6));
+      if (chunk.choices?.[0]?.logprobs !== undefined && chunk.choices[0].finish_reason === null) {
+        tokens += 1;
+        if (firstToken === null) firstToken = performance.now() - started;
+      }
+    }
+  }
+  return { firstToken, tokens, seconds: (performance.now() - started) / 1000 };
+}
+
+const started = performance.now();
+const results = await Promise.all(Array.from({ length: concurrency }, (_, i) => one(i)));
+const seconds = (performance.now() - started) / 1000;
+const generated = results.reduce((sum, r) => sum + r.tokens, 0);
+const ttft = results.map((r) => r.firstToken).sort((a, b) => a - b);
+console.log(JSON.stringify({
+  concurrency, max_tokens: maxTokens, prompt_tokens: promptTokens, seconds,
+  chunks_received: generated, aggregate_tokens_per_s: (concurrency * maxTokens) / seconds,
+  ttft_ms_median: ttft[Math.floor(ttft.length / 2)], ttft_ms_max: ttft[ttft.length - 1],
+}));
