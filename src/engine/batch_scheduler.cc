@@ -189,6 +189,7 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
   if (rows_.empty()) return;
   // Logit rows must be increasing: decode rows come first, then prompt ends in row order.
   const auto start = std::chrono::steady_clock::now();
+  if (options_.before_forward) options_.before_forward(rows_, logit_rows_);
   transformer_.forward(rows_, logit_rows_, logits_.data(), /*apply_softcap=*/true);
   // The rows are in the cache now: each decode row advanced its sequence by one position.
   for (Sequence* sequence : decoding) ++sequence->position;

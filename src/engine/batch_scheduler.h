@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,6 +76,9 @@ class BatchScheduler {
   struct Options {
     int max_queue = 64;          // waiting requests beyond the running ones; more are refused
     int prefill_chunk = 64;      // prompt rows one sequence may add to a step
+    // Called on the engine thread with each step's rows just before the forward pass, so other
+    // tensor-parallel processes can run the same step (see engine/step_mirror.h).
+    std::function<void(std::span<const BatchRow>, std::span<const int>)> before_forward;
   };
   BatchScheduler(Transformer& transformer, const Options& options);
   ~BatchScheduler();  // stops the engine thread; unfinished sequences end as "cancelled"

@@ -31,6 +31,19 @@ constexpr const char* kReleasedPrefix = "model.language_model.";
 // A FAIL message lists at most this many tensor names, then a count of the rest.
 constexpr size_t kNamesShown = 8;
 
+// Error texts become one report line: newlines flattened, and a loader's long list of problems ("a; b;
+// c; ...") cut after the first few hundred characters with a count of the rest.
+std::string one_line(std::string message) {
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  constexpr size_t kLongest = 800;
+  if (message.size() <= kLongest) return message;
+  const size_t cut = message.rfind("; ", kLongest);
+  if (cut == std::string::npos) return message.substr(0, kLongest) + " ...";
+  size_t rest = 0;
+  for (size_t at = message.find("; ", cut); at != std::string::npos; at = message.find("; ", at + 2)) ++rest;
+  return message.substr(0, cut) + fmt::format("; and {} more", rest);
+}
+
 std::string list_names(const std::vector<std::string>& names) {
   std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kNamesShown));
   std::string text = fmt::format("{}", fmt::join(shown, ", "));
@@ -130,7 +143,7 @@ class Doctor {
     if (!recorded_) result(CheckStatus::kFail, "the check ended without a result");
   }
   void result(CheckStatus status, std::string message) {
-    report_.checks.push_back({current_, status, std::move(message)});
+    report_.checks.push_back({current_, status, one_line(std::move(message))});
     recorded_ = true;
   }
   // Checks whose input failed earlier report a skip: the cause is already a FAIL of its own.
@@ -209,14 +222,17 @@ class Doctor {
     if (config.tie_word_embeddings && checkpoint_->find("lm_head.weight") != nullptr) needed_.insert("lm_head.weight");
 
     std::vector<std::string> problems;
-    if (!missing.empty()) problems.push_back(fmt::format("{} missing: {}", missing.size(), list_names(missing)));
-    if (!misshaped.empty()) problems.push_back(fmt::format("{} with a shape the config does not give: {}", misshaped.size(), list_names(misshaped)));
-    if (!bad_dtype.empty()) problems.push_back(fmt::format("{} unreadable: {}", bad_dtype.size(), list_names(bad_dtype)));
     // Attention shapes follow the layer type, so a mis-shaped attention block usually means layer_types
-    // (or num_kv_shared_layers) disagrees with the checkpoint rather than a damaged tensor.
+    // (or num_kv_shared_layers) disagrees with the checkpoint rather than a damaged tensor: said first.
     for (int layer : layers_with_wrong_attention) problems.push_back(describe_layer_disagreement(layer));
+    const size_t total = specs.size();
+    if (!missing.empty()) problems.push_back(fmt::format("{} of {} tensors the forward pass reads are missing: {}", missing.size(), total, list_names(missing)));
+    if (!misshaped.empty()) {
+      problems.push_back(fmt::format("{} of {} tensors have a shape the config does not give: {}", misshaped.size(), total, list_names(misshaped)));
+    }
+    if (!bad_dtype.empty()) problems.push_back(fmt::format("{} of {} tensors are unreadable: {}", bad_dtype.size(), total, list_names(bad_dtype)));
     if (!problems.empty()) {
-      result(CheckStatus::kFail, fmt::format("of {} tensors the forward pass reads, {}", specs.size(), fmt::join(problems, "; ")));
+      result(CheckStatus::kFail, fmt::format("{}", fmt::join(problems, "; ")));
       return;
     }
     result(CheckStatus::kPass, fmt::format("all {} tensors the forward pass reads are stored with the config's shapes", specs.size()));

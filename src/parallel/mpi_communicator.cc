@@ -74,7 +74,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(int* argc, char*** argv) {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    // The server's engine thread, not the main thread, makes the calls: one thread at a time.
+    MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
   }
   return std::make_unique<MpiCommunicator>();
 }

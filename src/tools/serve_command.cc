@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "engine/batch_scheduler.h"
+#include "engine/step_mirror.h"
 #include "model/weights.h"
 #include "serve/server.h"
 #include "tokenizer/chat_format.h"
@@ -37,6 +38,20 @@ int serve_model(ServeFlags flags) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Under mpirun, rank 0 serves HTTP and schedules; the other ranks mirror its engine steps.
+  std::unique_ptr<parallel::Communicator> communicator;
+  EngineOptions options = flags.engine.options(&communicator);
+  options.context_tokens = flags.context_tokens;
+  options.sequences = flags.parallel;
+  // One step holds a decode row per running sequence plus one prompt chunk.
+  options.max_chunk_tokens = flags.parallel + flags.prefill_chunk;
+  if (communicator && communicator->rank() != 0) {
+    auto model = Model::load(flags.model_dir);
+    Transformer transformer(*model, options);
+    follow_steps(*communicator, transformer);
+    return 0;
+  }
+
   flags.server.max_body_bytes = static_cast<size_t>(flags.max_body_mb * 1024 * 1024);
   serve::Server server(flags.server);
   server.start();
@@ -61,11 +76,6 @@ int serve_model(ServeFlags flags) {
     if (!std::filesystem::exists(tokenizer_path)) fail("{}: file not found (the server needs the checkpoint's tokenizer)", tokenizer_path.string());
     state->tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(tokenizer_path));
 
-    EngineOptions options = flags.engine.options();
-    options.context_tokens = flags.context_tokens;
-    options.sequences = flags.parallel;
-    // One step holds a decode row per running sequence plus one prompt chunk.
-    options.max_chunk_tokens = flags.parallel + flags.prefill_chunk;
     transformer = std::make_unique<Transformer>(*model, options);
 
     state->model.id = flags.alias.empty() ? std::filesystem::path(flags.model_dir).lexically_normal().filename().string() : flags.alias;
@@ -80,6 +90,11 @@ int serve_model(ServeFlags flags) {
     BatchScheduler::Options scheduler_options;
     scheduler_options.max_queue = flags.max_queue;
     scheduler_options.prefill_chunk = flags.prefill_chunk;
+    if (communicator) {
+      scheduler_options.before_forward = [&communicator](std::span<const BatchRow> rows, std::span<const int> logit_rows) {
+        broadcast_step(*communicator, rows, logit_rows);
+      };
+    }
     state->scheduler = std::make_unique<BatchScheduler>(*transformer, scheduler_options);
     if (!stop_requested.load()) {
       server.set_ready(state);
@@ -87,11 +102,13 @@ int serve_model(ServeFlags flags) {
     }
     server.wait();
     signal_thread.join();
-    state.reset();
+    state.reset();  // stops the engine thread
+    if (communicator) broadcast_stop(*communicator);
   } catch (...) {
     // Wake the signal thread so it can end, then report the error.
     pthread_kill(signal_thread.native_handle(), SIGTERM);
     signal_thread.join();
+    if (communicator) broadcast_stop(*communicator);  // the other ranks must not wait for steps forever
     throw;
   }
   fmt::print(stderr, "gemma4rt serve: stopped\n");

@@ -18,5 +18,29 @@ for model in tiny-e2b tiny-12b tiny-26b-a4b; do
     status=1
   fi
 done
-if [ $status -eq 0 ]; then echo "3 passed, 0 failed"; else echo "0 passed, 3 failed"; fi
+
+# The server under mpirun: rank 0 answers HTTP, rank 1 mirrors every engine step.
+models="$data/../../models"
+port=$((20000 + RANDOM % 20000))
+mpirun -np 2 "$binary" serve --model "$models/tiny-e2b" --port "$port" --tp 2 --threads 1 >/dev/null 2>&1 &
+server=$!
+answer=""
+for _ in $(seq 60); do
+  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then
+    answer=$(curl -s --max-time 60 "http://127.0.0.1:$port/v1/chat/completions" \
+      -d '{"messages":[{"role":"user","content":"What is the capital of Japan?"}],"temperature":0}' |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])')
+    break
+  fi
+  sleep 1
+done
+kill -TERM "$server" 2>/dev/null || true
+wait "$server" 2>/dev/null || true
+if [ "$answer" = "The capital of Japan is Tokyo." ]; then
+  echo "serve under mpirun -np 2 --tp 2 answers: $answer"
+else
+  echo "serve under mpirun -np 2 --tp 2: wrong answer '$answer'"
+  status=1
+fi
+if [ $status -eq 0 ]; then echo "4 passed, 0 failed"; else echo "0 passed, 4 failed"; fi
 exit $status

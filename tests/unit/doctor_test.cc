@@ -109,6 +109,7 @@ TEST(Doctor, PleTensorsRemoved) {
   const std::string out = expect_doctor_failure(dir, "per-layer embeddings",
                                                 {"hidden_size_per_layer_input is 16", kPrefix + "embed_tokens_per_layer.weight",
                                                  kPrefix + "per_layer_model_projection.weight", "48 PLE tensors are missing"});
+  EXPECT_NE(check_line(out, "tensors").find("48 of 230 tensors the forward pass reads are missing"), std::string::npos) << out;
   EXPECT_TRUE(check_line(out, "tensors").starts_with("FAIL  ")) << out;
   EXPECT_TRUE(check_line(out, "weights").starts_with("FAIL  ")) << out;
   EXPECT_EQ(check_line(out, "forward"), "WARN  forward: skipped (weights did not load)") << out;
@@ -269,6 +270,21 @@ TEST(Doctor, GoldenCheckpointWithoutTokenizerFailsOnlyThere) {
     if (check["status"] == "fail") failed.push_back(check["name"]);
   }
   EXPECT_EQ(failed, std::vector<std::string>{"tokenizer.json"}) << result.out;
+}
+
+// The real 262144-entry Gemma-4 tokenizer (unpacked by the ctest fixture) beside a 512-id random checkpoint:
+// its chat tokens are right, and the vocabulary check names the mismatch.
+TEST(Doctor, RealTokenizerOnAMismatchedCheckpoint) {
+  const auto tokenizer = std::filesystem::path(GEMMA4RT_TEST_WORK) / "gemma4-tokenizer.json";
+  if (!std::filesystem::exists(tokenizer)) GTEST_SKIP() << "run through ctest: the setup.unpack_tokenizer fixture provides " << tokenizer;
+  const auto dir = broken_copy("real_tokenizer", kGolden / "tiny-e2b");
+  std::filesystem::copy_file(tokenizer, dir / "tokenizer.json");
+  const std::string out = expect_doctor_failure(dir, "vocabulary", {"262144 ids", "vocab_size is 512"});
+  EXPECT_EQ(check_line(out, "round trip"), "PASS  round trip: \"hello world\" -> [23391, 1902] -> \"hello world\"") << out;
+  EXPECT_TRUE(check_line(out, "special tokens").starts_with("PASS  ")) << out;
+  EXPECT_TRUE(check_line(out, "chat format").starts_with("PASS  ")) << out;
+  // The golden config lists only <eos>: chat answers would not stop at <turn|>.
+  EXPECT_TRUE(check_line(out, "eos ids").starts_with("WARN  ")) << out;
 }
 
 // Library level: the report and the effective parameter definition.
