@@ -60,12 +60,20 @@ std::vector<int32_t> id_sequence(const ModelConfig& config, int length, uint32_t
 VerifyTolerance verify_tolerance(WeightFormat weights, KvFormat kv) {
   constexpr double kUnbounded = std::numeric_limits<double>::infinity();
   if (weights == WeightFormat::kQ8) {
-    return {"q8", kUnbounded, 2.0, 4.0, false,
+    return {"q8",
+            kUnbounded,
+            2.0,
+            4.0,
+            false,
             "q8: median over steps of the max |logit diff| <= 2; no token flip where the reference's top-2 margin exceeds 4 "
             "(isolated spikes are reported, not failed)"};
   }
   if (weights == WeightFormat::kBF16 || kv == KvFormat::kBF16) {
-    return {"bf16", kUnbounded, 1.0, 2.0, false,
+    return {"bf16",
+            kUnbounded,
+            1.0,
+            2.0,
+            false,
             "bf16: median over steps of the max |logit diff| <= 1; no token flip where the reference's top-2 margin exceeds 2 "
             "(isolated spikes are reported, not failed)"};
   }
@@ -135,14 +143,15 @@ PromptComparison compare_paths(Transformer& reference, Transformer& fast, const 
     comparison.verdict = fmt::format("the median step's max |logit diff| {:.4g} exceeds the {} bound {:g}: the paths differ at every step",
                                      comparison.median_logit_difference, tolerance.name, tolerance.median_logit_difference);
   } else if (tolerance.require_sequence_match && !comparison.sequence_match) {
-    comparison.verdict = fmt::format("tokens differ from step {}; {} requires every token equal", *comparison.first_divergent_step,
-                                     tolerance.name);
+    comparison.verdict =
+        fmt::format("tokens differ from step {}; {} requires every token equal", *comparison.first_divergent_step, tolerance.name);
   } else if (comparison.flips > 0 && comparison.largest_flip_margin > tolerance.decisive_margin) {
-    comparison.verdict = fmt::format("at step {} the fast path picks id {} where the reference prefers id {} by {:.3g}, more than rounding "
-                                     "can flip ({} bound {:g})",
-                                     comparison.largest_flip_step, comparison.fast_tokens[comparison.largest_flip_step],
-                                     comparison.reference_tokens[comparison.largest_flip_step], comparison.largest_flip_margin,
-                                     tolerance.name, tolerance.decisive_margin);
+    comparison.verdict = fmt::format(
+        "at step {} the fast path picks id {} where the reference prefers id {} by {:.3g}, more than rounding "
+        "can flip ({} bound {:g})",
+        comparison.largest_flip_step, comparison.fast_tokens[comparison.largest_flip_step],
+        comparison.reference_tokens[comparison.largest_flip_step], comparison.largest_flip_margin, tolerance.name,
+        tolerance.decisive_margin);
   } else {
     comparison.within_tolerance = true;
     comparison.verdict = comparison.sequence_match
@@ -189,10 +198,15 @@ std::vector<VerifyPrompt> builtin_verify_prompts(const ModelConfig& config, cons
   const std::string paragraph =
       "The capital of France is Paris. The capital of Japan is Tokyo. The capital of Peru is Lima. "
       "Which country has Canberra as its capital? Australia does. ";
+  // Repeats enough for the length at the paragraph's own token count, then tops up in case the joins
+  // merge into fewer tokens; a tokenizer that cannot get there is an error rather than an endless loop.
+  const size_t paragraph_tokens = tokenizer->encode(paragraph).size();
+  if (paragraph_tokens == 0) fail("the tokenizer encodes the built-in long prompt's text to no tokens");
   std::string text;
-  std::vector<int32_t> ids;
-  // Bounded so that a tokenizer that yields no tokens cannot loop forever.
-  for (int repeat = 0; repeat < 100000 && static_cast<int>(ids.size()) <= long_length; ++repeat) {
+  for (size_t repeat = 0; repeat < static_cast<size_t>(long_length) / paragraph_tokens + 1; ++repeat) text += paragraph;
+  std::vector<int32_t> ids = encode_with_bos(*tokenizer, config, text);
+  for (int extra = 0; static_cast<int>(ids.size()) <= long_length; ++extra) {
+    if (extra == 8) fail("the built-in long prompt does not reach {} tokens", long_length + 1);
     text += paragraph;
     ids = encode_with_bos(*tokenizer, config, text);
   }
@@ -245,7 +259,9 @@ VerifyReport run_verification(const Model& model, const VerifyOptions& options, 
     prompts.push_back({fmt::format("prompts:{}", index + 1), text, encode_with_bos(*tokenizer, config, text)});
   }
   std::vector<std::vector<int32_t>> probe_prompts;
-  for (const CoherenceProbe& probe : options.probes) probe_prompts.push_back(encode_chat_turn(*tokenizer, config, model.directory(), probe.prompt));
+  for (const CoherenceProbe& probe : options.probes) {
+    probe_prompts.push_back(encode_chat_turn(*tokenizer, config, model.directory(), probe.prompt));
+  }
 
   // One context for everything: the longest prompt plus its steps or answer.
   int context = 1;
@@ -261,12 +277,14 @@ VerifyReport run_verification(const Model& model, const VerifyOptions& options, 
   fast_options.threads = options.threads;
   fast_options.weight_format = options.weight_format;
   fast_options.kv_format = options.kv_format;
+  fast_options.tensor_parallel = options.tensor_parallel;
   Transformer reference(model, reference_options);
   Transformer fast(model, fast_options);
 
   VerifyReport report;
   report.fast_weights = weight_format_name(fast.weight_format());
   report.fast_kv = kv_name(fast.kv_cache().format());
+  report.tensor_parallel = fast.tensor_parallel_size();
   report.tolerance = verify_tolerance(fast.weight_format(), fast.kv_cache().format());
   report.steps = options.steps;
   if (observer.on_start) observer.on_start(report);

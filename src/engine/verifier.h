@@ -43,35 +43,35 @@ struct VerifyTolerance {
   double median_logit_difference = 0.0;  // bound on the median over steps of each step's largest difference
   double decisive_margin = 0.0;          // a flip where the reference's top-2 margin exceeds this fails
   bool require_sequence_match = false;
-  std::string description;               // one line for the report
+  std::string description;  // one line for the report
 };
 VerifyTolerance verify_tolerance(WeightFormat weights, KvFormat kv);
 
 struct VerifyPrompt {
   std::string name;
-  std::string text;                    // empty for built-in id sequences
-  std::vector<int32_t> tokens;         // what both paths are fed, <bos> first
+  std::string text;             // empty for built-in id sequences
+  std::vector<int32_t> tokens;  // what both paths are fed, <bos> first
 };
 
 struct PromptComparison {
   std::string name;
   int prompt_tokens = 0;
   int steps = 0;
-  std::vector<int32_t> reference_tokens;        // greedy on the reference path
-  std::vector<int32_t> fast_tokens;             // the fast path's argmax at each step, on the reference's prefix
-  bool sequence_match = false;                  // SEQ_MATCH: every step's argmax equal
+  std::vector<int32_t> reference_tokens;  // greedy on the reference path
+  std::vector<int32_t> fast_tokens;       // the fast path's argmax at each step, on the reference's prefix
+  bool sequence_match = false;            // SEQ_MATCH: every step's argmax equal
   std::optional<int> first_divergent_step;
   double reference_margin_at_divergence = 0.0;  // reference top-2 logit gap at that step
   double max_logit_difference = 0.0;            // over every step and vocabulary entry; infinity for NaN
   double median_logit_difference = 0.0;         // median over steps of each step's max |logit diff|
   int flips = 0;                                // steps whose argmax differs (on the reference's prefix)
   int largest_flip_step = 0;
-  double largest_flip_margin = 0.0;             // largest reference top-2 margin among those steps
-  std::vector<double> step_differences;         // max |logit diff| of each step
-  std::vector<double> reference_margins;        // reference top-2 logit gap of each step
+  double largest_flip_margin = 0.0;       // largest reference top-2 margin among those steps
+  std::vector<double> step_differences;   // max |logit diff| of each step
+  std::vector<double> reference_margins;  // reference top-2 logit gap of each step
   int max_difference_step = 0;
   bool within_tolerance = false;
-  std::string verdict;                          // why it is (not) within tolerance
+  std::string verdict;  // why it is (not) within tolerance
 };
 
 // Runs one prompt through both engines (each restarted at position 0; their contexts must hold
@@ -104,9 +104,9 @@ CoherenceProbe parse_coherence_probe(const std::string& argument);
 struct ProbeResult {
   std::string prompt;
   std::string expected;
-  std::string output;                  // fast path's answer, special tokens skipped
-  std::string reference_output;        // the reference path's answer to the same chat turn
-  bool passed = false;                 // output contains expected
+  std::string output;            // fast path's answer, special tokens skipped
+  std::string reference_output;  // the reference path's answer to the same chat turn
+  bool passed = false;           // output contains expected
 };
 
 // Greedy answer to one chat turn, stopping on the checkpoint's eos ids or after max_tokens.
@@ -116,22 +116,24 @@ struct VerifyOptions {
   std::optional<WeightFormat> weight_format;  // default: the checkpoint's dtype (as `run` picks it)
   std::optional<KvFormat> kv_format;          // default: the fast path's (bf16)
   int threads = 0;
-  int steps = 32;                             // greedy steps per prompt
-  int probe_tokens = 64;                      // most tokens of a probe's answer
+  int tensor_parallel = 1;  // fast path ranks, as threads of this process
+  int steps = 32;           // greedy steps per prompt
+  int probe_tokens = 64;    // most tokens of a probe's answer
   bool builtin_prompts = true;
-  std::vector<std::string> prompt_texts;      // --prompts FILE, one per line
+  std::vector<std::string> prompt_texts;  // --prompts FILE, one per line
   std::vector<CoherenceProbe> probes;
 };
 
 struct VerifyReport {
-  std::string fast_weights;                   // "bf16", ...
+  std::string fast_weights;  // "bf16", ...
   std::string fast_kv;
+  int tensor_parallel = 1;
   VerifyTolerance tolerance;
   int steps = 0;
   std::vector<PromptComparison> prompts;
   std::vector<ProbeResult> probes;
 
-  bool ok() const;                            // every prompt within tolerance and every probe passed
+  bool ok() const;  // every prompt within tolerance and every probe passed
 };
 
 // Called as each result is ready, so a slow run on a real checkpoint shows progress.

@@ -170,9 +170,9 @@ class Doctor {
     config_ = load_model_config(dir_);
     const ModelConfig& config = *config_;
     const int full = static_cast<int>(std::count(config.layer_types.begin(), config.layer_types.end(), AttentionType::kFull));
-    std::string message = fmt::format("{}: {} layers ({} sliding, {} full), hidden {}, vocab {}, sliding window {}", config.model_type,
-                                      config.num_layers, config.num_layers - full, full, config.hidden_size, config.vocab_size,
-                                      config.sliding_window);
+    std::string message =
+        fmt::format("{}: {} layers ({} sliding, {} full), hidden {}, vocab {}, sliding window {}", config.model_type, config.num_layers,
+                    config.num_layers - full, full, config.hidden_size, config.vocab_size, config.sliding_window);
     if (config.has_per_layer_inputs()) message += fmt::format(", PLE width {}", config.hidden_size_per_layer_input);
     if (config.num_kv_shared_layers > 0) message += fmt::format(", {} KV-shared layers", config.num_kv_shared_layers);
     if (config.enable_moe_block) message += fmt::format(", MoE {} experts top-{}", config.num_experts, config.top_k_experts);
@@ -226,11 +226,17 @@ class Doctor {
     // (or num_kv_shared_layers) disagrees with the checkpoint rather than a damaged tensor: said first.
     for (int layer : layers_with_wrong_attention) problems.push_back(describe_layer_disagreement(layer));
     const size_t total = specs.size();
-    if (!missing.empty()) problems.push_back(fmt::format("{} of {} tensors the forward pass reads are missing: {}", missing.size(), total, list_names(missing)));
-    if (!misshaped.empty()) {
-      problems.push_back(fmt::format("{} of {} tensors have a shape the config does not give: {}", misshaped.size(), total, list_names(misshaped)));
+    if (!missing.empty()) {
+      problems.push_back(
+          fmt::format("{} of {} tensors the forward pass reads are missing: {}", missing.size(), total, list_names(missing)));
     }
-    if (!bad_dtype.empty()) problems.push_back(fmt::format("{} of {} tensors are unreadable: {}", bad_dtype.size(), total, list_names(bad_dtype)));
+    if (!misshaped.empty()) {
+      problems.push_back(
+          fmt::format("{} of {} tensors have a shape the config does not give: {}", misshaped.size(), total, list_names(misshaped)));
+    }
+    if (!bad_dtype.empty()) {
+      problems.push_back(fmt::format("{} of {} tensors are unreadable: {}", bad_dtype.size(), total, list_names(bad_dtype)));
+    }
     if (!problems.empty()) {
       result(CheckStatus::kFail, fmt::format("{}", fmt::join(problems, "; ")));
       return;
@@ -244,7 +250,8 @@ class Doctor {
     const StoredTensor* q_proj = checkpoint_->find(stored_name(fmt::format("{}layers.{}.self_attn.q_proj.weight", kReleasedPrefix, layer)));
     const std::string said = geometry.is_sliding() ? "sliding_attention" : "full_attention";
     if (q_proj != nullptr && q_proj->shape.size() == 2) {
-      const int other_head_dim = geometry.is_sliding() ? (config.global_head_dim > 0 ? config.global_head_dim : config.head_dim) : config.head_dim;
+      const int other_head_dim =
+          geometry.is_sliding() ? (config.global_head_dim > 0 ? config.global_head_dim : config.head_dim) : config.head_dim;
       if (other_head_dim != geometry.head_dim && q_proj->shape[0] == static_cast<int64_t>(geometry.num_query_heads) * other_head_dim) {
         return fmt::format("layer {}: layer_types says {} but its attention tensors have the shapes of the other layer type", layer, said);
       }
@@ -319,8 +326,10 @@ class Doctor {
     }
     if (!broken.empty()) fail("{}", list_names(broken));
     if (!values.empty() && std::all_of(values.begin(), values.end(), [](float value) { return value == 1.0f; })) {
-      fail("all {} layer_scalar values are exactly 1.0: the buffer was left at its default somewhere upstream (trained "
-           "checkpoints store values far from 1)", values.size());
+      fail(
+          "all {} layer_scalar values are exactly 1.0: the buffer was left at its default somewhere upstream (trained "
+          "checkpoints store values far from 1)",
+          values.size());
     }
     const auto [low, high] = std::minmax_element(values.begin(), values.end());
     result(CheckStatus::kPass, fmt::format("present in all {} layers, values {:.4g} to {:.4g}", values.size(), *low, *high));
@@ -359,8 +368,8 @@ class Doctor {
       result(CheckStatus::kPass, message);
       return;
     }
-    result(CheckStatus::kInfo, message + fmt::format("; {} stale k_proj/v_proj/k_norm tensors of the shared layers are stored and ignored",
-                                                     stale_kv_.size()));
+    result(CheckStatus::kInfo,
+           message + fmt::format("; {} stale k_proj/v_proj/k_norm tensors of the shared layers are stored and ignored", stale_kv_.size()));
   }
 
   // Language-model tensors nobody reads hint at a naming mismatch between the checkpoint and the loader.
@@ -388,8 +397,10 @@ class Doctor {
   void check_tokenizer_file() {
     const std::filesystem::path path = dir_ / "tokenizer.json";
     if (!std::filesystem::exists(path)) {
-      fail("{}: file not found: text prompts and the chat format cannot be tokenized (copy tokenizer.json from the original "
-           "checkpoint)", path.string());
+      fail(
+          "{}: file not found: text prompts and the chat format cannot be tokenized (copy tokenizer.json from the original "
+          "checkpoint)",
+          path.string());
     }
     tokenizer_.emplace(Tokenizer::load(path));
     result(CheckStatus::kPass, fmt::format("{} loads: {} ids", path.string(), tokenizer_->vocab_size()));
@@ -400,11 +411,14 @@ class Doctor {
     const int32_t tokenizer_ids = tokenizer_->vocab_size();
     const int config_ids = config_->vocab_size;
     if (tokenizer_ids > config_ids) {
-      fail("tokenizer.json has {} ids but config.json vocab_size is {}: ids {}..{} have no embedding row (wrong tokenizer for this "
-           "checkpoint?)", tokenizer_ids, config_ids, config_ids, tokenizer_ids - 1);
+      fail(
+          "tokenizer.json has {} ids but config.json vocab_size is {}: ids {}..{} have no embedding row (wrong tokenizer for this "
+          "checkpoint?)",
+          tokenizer_ids, config_ids, config_ids, tokenizer_ids - 1);
     }
     if (tokenizer_ids < config_ids) {
-      result(CheckStatus::kPass, fmt::format("tokenizer ids 0..{} fit the {}-row embedding (rows beyond are padding)", tokenizer_ids - 1, config_ids));
+      result(CheckStatus::kPass,
+             fmt::format("tokenizer ids 0..{} fit the {}-row embedding (rows beyond are padding)", tokenizer_ids - 1, config_ids));
       return;
     }
     result(CheckStatus::kPass, fmt::format("tokenizer and config.json agree: {} ids", config_ids));
@@ -422,14 +436,18 @@ class Doctor {
   void check_special_tokens() {
     if (skip_without_tokenizer()) return;
     const int32_t bos = config_ ? config_->bos_token_id : 2;
-    const std::vector<std::pair<std::string, int32_t>> expected = {
-        {"<bos>", bos}, {"<eos>", kEosId}, {"<|turn>", kTurnOpenId}, {"<turn|>", kTurnCloseId},
-        {"<|channel>", kChannelOpenId}, {"<channel|>", kChannelCloseId}};
+    const std::vector<std::pair<std::string, int32_t>> expected = {{"<bos>", bos},
+                                                                   {"<eos>", kEosId},
+                                                                   {"<|turn>", kTurnOpenId},
+                                                                   {"<turn|>", kTurnCloseId},
+                                                                   {"<|channel>", kChannelOpenId},
+                                                                   {"<channel|>", kChannelCloseId}};
     std::vector<std::string> problems, not_special;
     for (const auto& [text, id] : expected) {
       const std::vector<int32_t> ids = tokenizer_->encode(text);
       if (ids.size() != 1) {
-        problems.push_back(fmt::format("{} encodes to {} ids [{}] instead of the single id {}", text, ids.size(), fmt::join(ids, ", "), id));
+        problems.push_back(
+            fmt::format("{} encodes to {} ids [{}] instead of the single id {}", text, ids.size(), fmt::join(ids, ", "), id));
       } else if (ids[0] != id) {
         problems.push_back(fmt::format("{} encodes to id {} instead of {}", text, ids[0], id));
       } else if (!tokenizer_->is_special(id)) {
@@ -444,8 +462,8 @@ class Doctor {
                                              fmt::join(not_special, ", ")));
       return;
     }
-    result(CheckStatus::kPass, fmt::format("<bos> {}, <eos> {}, <|turn> {}, <turn|> {}, <|channel> {}, <channel|> {}: one special id each", bos,
-                                           kEosId, kTurnOpenId, kTurnCloseId, kChannelOpenId, kChannelCloseId));
+    result(CheckStatus::kPass, fmt::format("<bos> {}, <eos> {}, <|turn> {}, <turn|> {}, <|channel> {}, <channel|> {}: one special id each",
+                                           bos, kEosId, kTurnOpenId, kTurnCloseId, kChannelOpenId, kChannelCloseId));
   }
 
   // The chat format writes <bos> itself; anything that adds another one doubles it.
@@ -466,8 +484,10 @@ class Doctor {
     }
     const std::vector<int32_t> added = tokenizer_->post_processor_added_prefix();
     if (std::find(added.begin(), added.end(), bos) != added.end()) {
-      problems.push_back(fmt::format("tokenizer.json's post_processor adds <bos> (id {}) before every sequence: a runtime that encodes "
-                                     "the rendered chat with special tokens starts it with two <bos>", bos));
+      problems.push_back(
+          fmt::format("tokenizer.json's post_processor adds <bos> (id {}) before every sequence: a runtime that encodes "
+                      "the rendered chat with special tokens starts it with two <bos>",
+                      bos));
     }
     const std::filesystem::path tokenizer_config = dir_ / "tokenizer_config.json";
     if (std::filesystem::exists(tokenizer_config)) {
@@ -478,10 +498,10 @@ class Doctor {
       }
     }
     if (!problems.empty()) fail("{}", fmt::join(problems, "; "));
-    result(CheckStatus::kPass, fmt::format("a one-turn chat ({}) is {} tokens starting with exactly one <bos>; the post-processor adds none",
-                                           options.style == GenerationPromptStyle::kESeries ? "E-series generation prompt"
-                                                                                            : "large-model generation prompt",
-                                           ids.size()));
+    result(CheckStatus::kPass,
+           fmt::format("a one-turn chat ({}) is {} tokens starting with exactly one <bos>; the post-processor adds none",
+                       options.style == GenerationPromptStyle::kESeries ? "E-series generation prompt" : "large-model generation prompt",
+                       ids.size()));
   }
 
   void check_eos_ids() {
@@ -489,7 +509,8 @@ class Doctor {
     // load_model_config falls back to <eos> when no file names one; a deployment should not rely on that.
     bool configured = false;
     const json config = read_json_object(dir_ / "config.json");
-    configured = has_value(config, "eos_token_id") || (has_value(config, "text_config") && has_value(config["text_config"], "eos_token_id"));
+    configured =
+        has_value(config, "eos_token_id") || (has_value(config, "text_config") && has_value(config["text_config"], "eos_token_id"));
     const std::filesystem::path generation = dir_ / "generation_config.json";
     if (std::filesystem::exists(generation)) configured = configured || has_value(read_json_object(generation), "eos_token_id");
     if (!configured) {
@@ -504,7 +525,8 @@ class Doctor {
     const auto& ids = config_->eos_token_ids;
     if (tokenizer_ && tokenizer_->token_id("<turn|>") == kTurnCloseId && std::find(ids.begin(), ids.end(), kTurnCloseId) == ids.end()) {
       result(CheckStatus::kWarn, fmt::format("eos ids {} do not include <turn|> ({}): chat answers end with it, so generation would run on "
-                                             "past the answer", fmt::join(described, ", "), kTurnCloseId));
+                                             "past the answer",
+                                             fmt::join(described, ", "), kTurnCloseId));
       return;
     }
     result(CheckStatus::kPass, fmt::format("generation stops on {}", fmt::join(described, ", ")));
@@ -548,7 +570,9 @@ class Doctor {
     std::string dtype = "unknown (tensors not checked)";
     if (!dtype_counts_.empty()) {
       std::vector<std::string> parts;
-      for (const auto& [name, count] : dtype_counts_) parts.push_back(dtype_counts_.size() == 1 ? name : fmt::format("{} ({} tensors)", name, count));
+      for (const auto& [name, count] : dtype_counts_) {
+        parts.push_back(dtype_counts_.size() == 1 ? name : fmt::format("{} ({} tensors)", name, count));
+      }
       dtype = fmt::format("{}", fmt::join(parts, ", "));
     }
     std::string excluded;
@@ -567,8 +591,8 @@ class Doctor {
   std::optional<ModelConfig> config_;
   std::unique_ptr<Checkpoint> checkpoint_;
   std::string prefix_ = kReleasedPrefix;
-  std::set<std::string> needed_;      // stored names the forward pass reads
-  std::set<std::string> stale_kv_;    // K/V tensors of KV-shared layers
+  std::set<std::string> needed_;    // stored names the forward pass reads
+  std::set<std::string> stale_kv_;  // K/V tensors of KV-shared layers
   std::map<std::string, int> dtype_counts_;
   std::optional<Tokenizer> tokenizer_;
   std::unique_ptr<Model> model_;

@@ -22,7 +22,7 @@ enum class CheckStatus { kPass, kInfo, kWarn, kFail };
 const char* check_status_name(CheckStatus status);
 
 struct CheckResult {
-  std::string name;     // short and stable, e.g. "tensors", "layer_scalar", "special tokens"
+  std::string name;  // short and stable, e.g. "tensors", "layer_scalar", "special tokens"
   CheckStatus status = CheckStatus::kPass;
   std::string message;  // one line
 };
@@ -59,10 +59,10 @@ struct ParameterCounts {
 ParameterCounts count_parameters(const ModelConfig& config);
 
 // Gemma-4's fixed ids of the chat-format control tokens (architecture doc §8.1).
-inline constexpr int32_t kTurnOpenId = 105;     // <|turn>
-inline constexpr int32_t kTurnCloseId = 106;    // <turn|>
-inline constexpr int32_t kChannelOpenId = 100;  // <|channel>
-inline constexpr int32_t kChannelCloseId = 101; // <channel|>
-inline constexpr int32_t kEosId = 1;            // <eos>
+inline constexpr int32_t kTurnOpenId = 105;      // <|turn>
+inline constexpr int32_t kTurnCloseId = 106;     // <turn|>
+inline constexpr int32_t kChannelOpenId = 100;   // <|channel>
+inline constexpr int32_t kChannelCloseId = 101;  // <channel|>
+inline constexpr int32_t kEosId = 1;             // <eos>
 
 }  // namespace gemma4rt

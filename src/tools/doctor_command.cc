@@ -52,11 +52,13 @@ int doctor(const DoctorFlags& flags) {
 
 Action add_doctor_command(CLI::App& app) {
   auto flags = std::make_shared<DoctorFlags>();
-  CLI::App* command = app.add_subcommand("doctor", "Check a checkpoint directory (config, tensors, tokenizer, chat format) before trusting it");
+  CLI::App* command =
+      app.add_subcommand("doctor", "Check a checkpoint directory (config, tensors, tokenizer, chat format) before trusting it");
   command->add_option("--model", flags->model_dir, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
   command->add_flag("--json", flags->json, "Print one JSON object: {\"checks\":[{name,status,message}],\"ok\":bool}");
   command->add_flag("--no-forward", flags->no_forward, "Skip the one-token forward pass (the only check that computes)");
-  command->add_option("--threads", flags->threads, "Worker threads for the forward check (default: one per core)")->check(CLI::NonNegativeNumber);
+  command->add_option("--threads", flags->threads, "Worker threads for the forward check (default: one per core)")
+      ->check(CLI::NonNegativeNumber);
   return [flags] { return doctor(*flags); };
 }
 

@@ -1,6 +1,7 @@
 // gemma4rt verify: the fast path against the fp32 reference path on built-in prompts (one longer than two
 // sliding windows) and on --prompts, then coherence probes (--expect "PROMPT=TEXT": the fast path's chat
-// answer must contain TEXT). One line per prompt and probe, then a summary; --json prints one object.
+// answer must contain TEXT). --tp N runs the fast path as N tensor-parallel ranks (threads of this process).
+// One line per prompt and probe, then a summary; --json prints one object.
 // Exit status 1 when a prompt is beyond the tolerance of the fast path's dtype or a probe fails.
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "engine/verifier.h"
 #include "model/weights.h"
+#include "parallel/communicator.h"
 #include "tools/commands.h"
 
 namespace gemma4rt::tools {
@@ -20,8 +22,8 @@ namespace {
 
 struct VerifyFlags {
   std::string model_dir;
-  std::string dtype;   // "", "f32", "bf16", "q8"
-  std::string kv;      // "", "f32", "bf16"
+  std::string dtype;  // "", "f32", "bf16", "q8"
+  std::string kv;     // "", "f32", "bf16"
   int tensor_parallel = 1;
   std::string prompts_file;
   std::vector<std::string> expect;
@@ -51,10 +53,11 @@ std::string divergence_text(const PromptComparison& prompt) {
 }
 
 void print_prompt(const PromptComparison& prompt) {
-  fmt::print("{:<10} {}: {} prompt tokens, {} steps, first divergent step {}, max |logit diff| {:.4g} at step {} (median step {:.4g}): {}{}\n",
-             prompt.sequence_match ? "SEQ_MATCH" : "DIVERGED", prompt.name, prompt.prompt_tokens, prompt.steps, divergence_text(prompt),
-             prompt.max_logit_difference, prompt.max_difference_step, prompt.median_logit_difference, prompt.within_tolerance ? "" : "FAIL: ",
-             prompt.verdict);
+  fmt::print(
+      "{:<10} {}: {} prompt tokens, {} steps, first divergent step {}, max |logit diff| {:.4g} at step {} (median step {:.4g}): {}{}\n",
+      prompt.sequence_match ? "SEQ_MATCH" : "DIVERGED", prompt.name, prompt.prompt_tokens, prompt.steps, divergence_text(prompt),
+      prompt.max_logit_difference, prompt.max_difference_step, prompt.median_logit_difference,
+      prompt.within_tolerance ? "" : "FAIL: ", prompt.verdict);
   std::fflush(stdout);
 }
 
@@ -78,25 +81,26 @@ nlohmann::json finite_or_null(double value) { return std::isfinite(value) ? nloh
 nlohmann::json to_json(const VerifyReport& report, const std::string& model_dir) {
   nlohmann::json prompts = nlohmann::json::array();
   for (const PromptComparison& prompt : report.prompts) {
-    prompts.push_back({{"name", prompt.name},
-                       {"prompt_tokens", prompt.prompt_tokens},
-                       {"steps", prompt.steps},
-                       {"seq_match", prompt.sequence_match},
-                       {"first_divergent_step", prompt.first_divergent_step ? nlohmann::json(*prompt.first_divergent_step) : nlohmann::json()},
-                       {"reference_margin_at_divergence",
-                        prompt.first_divergent_step ? nlohmann::json(prompt.reference_margin_at_divergence) : nlohmann::json()},
-                       // JSON has no infinity: a NaN/inf logit is reported as null with within_tolerance false.
-                       {"max_logit_diff", finite_or_null(prompt.max_logit_difference)},
-                       {"max_logit_diff_step", prompt.max_difference_step},
-                       {"median_step_logit_diff", finite_or_null(prompt.median_logit_difference)},
-                       {"flips", prompt.flips},
-                       {"largest_flip_margin", prompt.flips > 0 ? nlohmann::json(prompt.largest_flip_margin) : nlohmann::json()},
-                       {"within_tolerance", prompt.within_tolerance},
-                       {"verdict", prompt.verdict},
-                       {"step_max_logit_diff", prompt.step_differences},
-                       {"reference_top2_margins", prompt.reference_margins},
-                       {"reference_tokens", prompt.reference_tokens},
-                       {"fast_tokens_teacher_forced", prompt.fast_tokens}});
+    prompts.push_back(
+        {{"name", prompt.name},
+         {"prompt_tokens", prompt.prompt_tokens},
+         {"steps", prompt.steps},
+         {"seq_match", prompt.sequence_match},
+         {"first_divergent_step", prompt.first_divergent_step ? nlohmann::json(*prompt.first_divergent_step) : nlohmann::json()},
+         {"reference_margin_at_divergence",
+          prompt.first_divergent_step ? nlohmann::json(prompt.reference_margin_at_divergence) : nlohmann::json()},
+         // JSON has no infinity: a NaN/inf logit is reported as null with within_tolerance false.
+         {"max_logit_diff", finite_or_null(prompt.max_logit_difference)},
+         {"max_logit_diff_step", prompt.max_difference_step},
+         {"median_step_logit_diff", finite_or_null(prompt.median_logit_difference)},
+         {"flips", prompt.flips},
+         {"largest_flip_margin", prompt.flips > 0 ? nlohmann::json(prompt.largest_flip_margin) : nlohmann::json()},
+         {"within_tolerance", prompt.within_tolerance},
+         {"verdict", prompt.verdict},
+         {"step_max_logit_diff", prompt.step_differences},
+         {"reference_top2_margins", prompt.reference_margins},
+         {"reference_tokens", prompt.reference_tokens},
+         {"fast_tokens_teacher_forced", prompt.fast_tokens}});
   }
   nlohmann::json probes = nlohmann::json::array();
   for (const ProbeResult& probe : report.probes) {
@@ -106,30 +110,31 @@ nlohmann::json to_json(const VerifyReport& report, const std::string& model_dir)
                       {"reference_output", probe.reference_output},
                       {"passed", probe.passed}});
   }
-  return {{"model", model_dir},
-          {"fast_path", {{"weights", report.fast_weights}, {"kv", report.fast_kv}}},
-          {"tolerance",
-           {{"name", report.tolerance.name},
-            // Unbounded limits are null: JSON has no infinity.
-            {"max_logit_diff", finite_or_null(report.tolerance.max_logit_difference)},
-            {"median_step_logit_diff", report.tolerance.median_logit_difference},
-            {"decisive_margin", report.tolerance.require_sequence_match ? nlohmann::json() : nlohmann::json(report.tolerance.decisive_margin)},
-            {"require_seq_match", report.tolerance.require_sequence_match},
-            {"description", report.tolerance.description}}},
-          {"steps", report.steps},
-          {"prompts", prompts},
-          {"probes", probes},
-          {"ok", report.ok()}};
+  return {
+      {"model", model_dir},
+      {"fast_path", {{"weights", report.fast_weights}, {"kv", report.fast_kv}, {"tp", report.tensor_parallel}}},
+      {"tolerance",
+       {{"name", report.tolerance.name},
+        // Unbounded limits are null: JSON has no infinity.
+        {"max_logit_diff", finite_or_null(report.tolerance.max_logit_difference)},
+        {"median_step_logit_diff", report.tolerance.median_logit_difference},
+        {"decisive_margin", report.tolerance.require_sequence_match ? nlohmann::json() : nlohmann::json(report.tolerance.decisive_margin)},
+        {"require_seq_match", report.tolerance.require_sequence_match},
+        {"description", report.tolerance.description}}},
+      {"steps", report.steps},
+      {"prompts", prompts},
+      {"probes", probes},
+      {"ok", report.ok()}};
 }
 
 int verify(const VerifyFlags& flags) {
   if (flags.tensor_parallel < 1) fail("--tp must be at least 1, got {}", flags.tensor_parallel);
-  // Tensor parallelism is being built elsewhere; until an engine exists, say so rather than ignore the flag.
-  if (flags.tensor_parallel > 1) {
-    fail("--tp {}: tensor parallelism is not available in this build yet; verify runs on one device (omit --tp or use --tp 1)",
-         flags.tensor_parallel);
+  // The reference runs in this process beside the fast path, so the fast path's ranks are threads here.
+  if (parallel::launched_size() > 1) {
+    fail("verify runs its --tp ranks as threads of one process; start it without mpirun");
   }
   VerifyOptions options;
+  options.tensor_parallel = flags.tensor_parallel;
   if (flags.dtype == "f32") options.weight_format = WeightFormat::kF32;
   if (flags.dtype == "bf16") options.weight_format = WeightFormat::kBF16;
   if (flags.dtype == "q8") options.weight_format = WeightFormat::kQ8;
@@ -149,11 +154,13 @@ int verify(const VerifyFlags& flags) {
   VerifyObserver observer;
   if (!flags.json) {
     observer.on_start = [&](const VerifyReport& report) {
-      fmt::print("verify: {}: fast path ({} weights, {} KV cache) against the fp32 reference path\n", flags.model_dir, report.fast_weights,
-                 report.fast_kv);
+      fmt::print("verify: {}: fast path ({} weights, {} KV cache{}) against the fp32 reference path\n", flags.model_dir,
+                 report.fast_weights, report.fast_kv,
+                 report.tensor_parallel > 1 ? fmt::format(", {} tensor-parallel ranks", report.tensor_parallel) : "");
       fmt::print("tolerance {}\n", report.tolerance.description);
-      fmt::print("{} greedy steps per prompt (eos ignored); the fast path is fed the reference's tokens and its logits compared at every step\n",
-                 report.steps);
+      fmt::print(
+          "{} greedy steps per prompt (eos ignored); the fast path is fed the reference's tokens and its logits compared at every step\n",
+          report.steps);
       std::fflush(stdout);
     };
     observer.on_prompt = print_prompt;
@@ -172,7 +179,8 @@ int verify(const VerifyFlags& flags) {
   for (const ProbeResult& probe : report.probes) {
     if (!probe.passed) failures.push_back(fmt::format("probe {} did not answer {}", quoted(probe.prompt), quoted(probe.expected)));
   }
-  const size_t matched = std::count_if(report.prompts.begin(), report.prompts.end(), [](const PromptComparison& p) { return p.sequence_match; });
+  const size_t matched =
+      std::count_if(report.prompts.begin(), report.prompts.end(), [](const PromptComparison& p) { return p.sequence_match; });
   if (failures.empty()) {
     fmt::print("verify: OK: {} prompts within the {} tolerance ({} SEQ_MATCH), {} of {} probes passed\n", report.prompts.size(),
                report.tolerance.name, matched, report.probes.size(), report.probes.size());
@@ -191,7 +199,7 @@ Action add_verify_command(CLI::App& app) {
   command->add_option("--dtype", flags->dtype, "Weight format of the fast path under test (default: the checkpoint's own)")
       ->check(CLI::IsMember({"f32", "bf16", "q8"}));
   command->add_option("--kv", flags->kv, "KV cache format of the fast path (default bf16)")->check(CLI::IsMember({"f32", "bf16"}));
-  command->add_option("--tp", flags->tensor_parallel, "Tensor-parallel degree of the fast path (only 1 is available yet)");
+  command->add_option("--tp", flags->tensor_parallel, "Tensor-parallel ranks of the fast path, as threads of this process (default 1)");
   command->add_option("--prompts", flags->prompts_file, "Extra prompts, one text per line (raw completions, <bos> added)");
   command->add_option("--expect", flags->expect, "Coherence probe PROMPT=TEXT: the chat answer to PROMPT must contain TEXT (repeatable)");
   command->add_option("--max-tokens,-n", flags->max_tokens, "Greedy steps compared per prompt")->check(CLI::PositiveNumber);

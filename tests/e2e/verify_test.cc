@@ -106,7 +106,8 @@ TEST(Verify, TextOutputNamesTheFailedProbe) {
 class VerifyStrictF32 : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(VerifyStrictF32, MatchesTheReference) {
-  const CommandResult result = run_gemma4rt({"verify", "--model", (kGolden / GetParam()).string(), "--dtype", "f32", "--kv", "f32", "--json"});
+  const CommandResult result =
+      run_gemma4rt({"verify", "--model", (kGolden / GetParam()).string(), "--dtype", "f32", "--kv", "f32", "--json"});
   EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
   const nlohmann::json report = nlohmann::json::parse(result.out);
   EXPECT_EQ(report["tolerance"]["name"], "f32");
@@ -125,8 +126,7 @@ std::string param_name(const std::string& text) {
   return name;
 }
 
-INSTANTIATE_TEST_SUITE_P(VerifyGolden, VerifyStrictF32,
-                         ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
+INSTANTIATE_TEST_SUITE_P(VerifyGolden, VerifyStrictF32, ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
                          [](const auto& info) { return param_name(info.param); });
 
 // bf16 and q8 on the trained checkpoints, where agreement means something (see verify_tolerance).
@@ -147,15 +147,16 @@ TEST_P(VerifyReducedPrecision, WithinTheDtypeTolerance) {
 }
 
 INSTANTIATE_TEST_SUITE_P(VerifyCoherence, VerifyReducedPrecision,
-                         ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
+                         ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b",
+                                                              "tiny-e2b-agent"),
                                             ::testing::Values("bf16", "q8")),
                          [](const auto& info) { return param_name(std::get<0>(info.param) + "_" + std::get<1>(info.param)); });
 
 TEST(Verify, PromptsFile) {
   const auto dir = fresh_work_dir("verify/prompts_file");
   write_text_file(dir / "prompts.txt", "The capital of Japan is\n\nWhich country has Lima as its capital?\n");
-  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-31b").string(), "--prompts", (dir / "prompts.txt").string(),
-                                             "--no-builtin", "--json", "--max-tokens", "6"});
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-31b").string(), "--prompts",
+                                             (dir / "prompts.txt").string(), "--no-builtin", "--json", "--max-tokens", "6"});
   EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
   const nlohmann::json report = nlohmann::json::parse(result.out);
   ASSERT_EQ(report["prompts"].size(), 2u);
@@ -164,11 +165,33 @@ TEST(Verify, PromptsFile) {
   EXPECT_EQ(report["prompts"][0]["reference_tokens"].size(), 6u);
 }
 
-TEST(Verify, TensorParallelIsNotAvailableYet) {
-  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-e2b").string(), "--tp", "2"});
+// --tp N runs the fast path as N in-process ranks; the reference stays one scalar path.
+TEST(Verify, TensorParallelFastPath) {
+  const CommandResult result =
+      run_gemma4rt({"verify", "--model", (kModels / "tiny-e2b").string(), "--tp", "2", "--expect", kFranceProbe, "--json"});
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json report = nlohmann::json::parse(result.out);
+  EXPECT_EQ(report["fast_path"]["tp"], 2);
+  ASSERT_EQ(report["probes"].size(), 1u);
+  EXPECT_EQ(report["probes"][0]["passed"], true) << report["probes"][0].dump();
+}
+
+// All-reduces only reorder sums: the f32 bar holds across ranks too (experts split across ranks on the MoE).
+TEST(Verify, TensorParallelF32IsStrict) {
+  for (const char* model : {"tiny-26b-a4b", "tiny-e4b"}) {
+    const CommandResult result = run_gemma4rt(
+        {"verify", "--model", (kGolden / model).string(), "--tp", "2", "--dtype", "f32", "--kv", "f32", "--max-tokens", "12", "--json"});
+    EXPECT_EQ(result.exit_code, 0) << model << result.out << result.err;
+    const nlohmann::json report = nlohmann::json::parse(result.out);
+    EXPECT_EQ(report["tolerance"]["name"], "f32");
+    for (const auto& prompt : report["prompts"]) EXPECT_EQ(prompt["seq_match"], true) << model << prompt.dump();
+  }
+}
+
+TEST(Verify, TensorParallelDegreeTheModelCannotSplit) {
+  const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-e2b").string(), "--tp", "3"});
   EXPECT_EQ(result.exit_code, 1);
-  EXPECT_NE(result.err.find("--tp 2"), std::string::npos) << result.err;
-  EXPECT_NE(result.err.find("not available"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("tensor-parallel degree 3"), std::string::npos) << result.err;
 }
 
 TEST(Verify, ProbesNeedATokenizer) {

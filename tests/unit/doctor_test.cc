@@ -169,7 +169,8 @@ TEST(Doctor, ChatSpecialTokensAreOrdinaryText) {
   added.erase(std::remove_if(added.begin(), added.end(), [&](const nlohmann::json& token) { return markers.contains(token["content"]); }),
               added.end());
   write_text_file(dir / "tokenizer.json", tokenizer.dump());
-  expect_doctor_failure(dir, "special tokens", {"<|turn> encodes to", "instead of the single id 105", "<turn|>", "<|channel>", "<channel|>"});
+  expect_doctor_failure(dir, "special tokens",
+                        {"<|turn> encodes to", "instead of the single id 105", "<turn|>", "<|channel>", "<channel|>"});
 }
 
 TEST(Doctor, PostProcessorAddsBos) {
@@ -178,8 +179,10 @@ TEST(Doctor, PostProcessorAddsBos) {
   tokenizer["post_processor"] = {
       {"type", "TemplateProcessing"},
       {"single", {{{"SpecialToken", {{"id", "<bos>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-      {"pair", {{{"SpecialToken", {{"id", "<bos>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-                {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+      {"pair",
+       {{{"SpecialToken", {{"id", "<bos>"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
       {"special_tokens", {{"<bos>", {{"id", "<bos>"}, {"ids", {2}}, {"tokens", {"<bos>"}}}}}}};
   write_text_file(dir / "tokenizer.json", tokenizer.dump());
   const std::string out = expect_doctor_failure(dir, "chat format", {"post_processor adds <bos> (id 2)", "two <bos>"});
@@ -219,7 +222,8 @@ TEST(Doctor, TruncatedShard) {
   shards[0].save(dir / "model-00001-of-00002.safetensors");
   shards[1].data.resize(shards[1].data.size() / 2);
   shards[1].save(dir / "model-00002-of-00002.safetensors");
-  write_text_file(dir / "model.safetensors.index.json", nlohmann::json({{"metadata", nlohmann::json::object()}, {"weight_map", weight_map}}).dump());
+  write_text_file(dir / "model.safetensors.index.json",
+                  nlohmann::json({{"metadata", nlohmann::json::object()}, {"weight_map", weight_map}}).dump());
   expect_doctor_failure(dir, "safetensors", {"model-00002-of-00002.safetensors"});
 }
 
