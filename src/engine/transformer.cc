@@ -36,7 +36,9 @@ std::vector<float> to_floats(const TensorView& tensor) {
   return values;
 }
 
+// The checkpoint's own format: q8 for a `gemma4rt quantize` output, f32 for f32 files, else bf16.
 WeightFormat default_weight_format(const TensorView& sample) {
+  if (sample.dtype == DType::kQ8) return WeightFormat::kQ8;
   return sample.dtype == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
 }
 
@@ -92,7 +94,7 @@ Transformer::Transformer(const Model& model, const EngineOptions& options)
       rope_sliding_(model.config().rope_sliding, model.config().head_dim),
       rope_full_(model.config().rope_full, model.config().global_head_dim > 0 ? model.config().global_head_dim : model.config().head_dim) {
   if (options_.max_chunk_tokens <= 0) options_.max_chunk_tokens = options_.reference ? 64 : 256;
-  weight_format_ = options_.reference ? WeightFormat::kF32 : options_.weight_format.value_or(default_weight_format(weights_.embed_tokens));
+  weight_format_ = options_.reference ? WeightFormat::kF32 : options_.weight_format.value_or(default_weight_format(weights_.layers.front().attention.q_proj));
 
   // Tensor parallelism: in process, this engine is rank 0 and builds the other ranks itself.
   communicator_ = options_.communicator;

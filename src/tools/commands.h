@@ -15,6 +15,7 @@ Action add_tokenize_command(CLI::App& app);
 Action add_make_model_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);
 Action add_serve_command(CLI::App& app);
+Action add_quantize_command(CLI::App& app);
 Action add_plan_command(CLI::App& app);
 Action add_doctor_command(CLI::App& app);
 Action add_verify_command(CLI::App& app);

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   add(gemma4rt::tools::add_make_model_command);
   add(gemma4rt::tools::add_bench_command);
   add(gemma4rt::tools::add_serve_command);
+  add(gemma4rt::tools::add_quantize_command);
   add(gemma4rt::tools::add_plan_command);
   add(gemma4rt::tools::add_doctor_command);
   add(gemma4rt::tools::add_verify_command);

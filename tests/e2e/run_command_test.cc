@@ -130,3 +130,35 @@ TEST(TokenizeCommand, EncodesAndDecodes) {
 
 }  // namespace
 }  // namespace gemma4rt::testing
+
+namespace gemma4rt::testing {
+namespace {
+
+// `quantize` writes q8 weights that load without a quantisation pass and compute exactly what
+// `--dtype q8` computes from the original checkpoint (the same quantisation, done once).
+TEST(QuantizeCommand, WrittenQ8CheckpointMatchesQuantisingAtLoad) {
+  const auto source = kModels / "tiny-26b-a4b";
+  const auto out = fresh_work_dir("quantized-26b");
+  const CommandResult written = run_gemma4rt({"quantize", "--model", source.string(), "--out", out.string(), "--force"});
+  ASSERT_EQ(written.exit_code, 0) << written.err;
+  const nlohmann::json config = read_json_file(out / "config.json");
+  EXPECT_EQ(config["quantization_config"]["quant_method"], "gemma4rt_q8");
+  const nlohmann::json fixture = read_json_file(source / "coherence.json");
+  for (int index : {0, 1, 2}) {
+    const auto& prompt = fixture["prompts"][index];
+    const std::string ids = join_ids(prompt["input_ids"].get<std::vector<int>>());
+    const nlohmann::json from_file = run_json({"--model", out.string(), "--prompt-ids", ids, "--max-tokens", "40"});
+    const nlohmann::json at_load = run_json({"--model", source.string(), "--prompt-ids", ids, "--max-tokens", "40", "--dtype", "q8"});
+    EXPECT_EQ(from_file["tokens"], at_load["tokens"]);
+    EXPECT_EQ(from_file["tokens"], prompt["output_ids"]);
+  }
+  // The stored matrices are int8 with their block scales beside them.
+  const SafetensorsImage image = SafetensorsImage::load(out / "model.safetensors");
+  EXPECT_EQ(image.header["model.language_model.layers.0.mlp.gate_proj.weight"]["dtype"], "I8");
+  EXPECT_EQ(image.header["model.language_model.layers.0.mlp.gate_proj.weight_scale"]["dtype"], "F32");
+  EXPECT_EQ(image.header["lm_head.weight"]["dtype"], "I8");
+  EXPECT_EQ(image.header["model.language_model.embed_tokens.weight"]["dtype"], "BF16");
+}
+
+}  // namespace
+}  // namespace gemma4rt::testing
