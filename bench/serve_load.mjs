@@ -34,7 +34,7 @@ async function one(index) {
       }
     }
   }
-  return { firstToken, tokens, seconds: (performance.now() - started) / 1000 };
+  return { firstToken, tokens, seconds: (performance.now() - started) / 1000, started };
 }
 
 const started = performance.now();
@@ -42,8 +42,14 @@ const results = await Promise.all(Array.from({ length: concurrency }, (_, i) => 
 const seconds = (performance.now() - started) / 1000;
 const generated = results.reduce((sum, r) => sum + r.tokens, 0);
 const ttft = results.map((r) => r.firstToken).sort((a, b) => a - b);
+// Decode phase: from the moment every stream has its first token until the last one ends, all streams
+// decode together; (tokens - 1) per stream over that window is the aggregate decode rate.
+const lastFirstToken = ttft[ttft.length - 1] / 1000;
+const decodeWindow = seconds - lastFirstToken;
+const decodeTokens = results.reduce((sum, r) => sum + (maxTokens - 1), 0);
 console.log(JSON.stringify({
   concurrency, max_tokens: maxTokens, prompt_tokens: promptTokens, seconds,
   chunks_received: generated, aggregate_tokens_per_s: (concurrency * maxTokens) / seconds,
   ttft_ms_median: ttft[Math.floor(ttft.length / 2)], ttft_ms_max: ttft[ttft.length - 1],
+  decode_phase_tokens_per_s: decodeTokens / decodeWindow,
 }));
