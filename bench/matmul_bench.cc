@@ -345,10 +345,12 @@ const bool kRegistered = [] {
         }
       }
     }
-    // Every path on one GEMV shape (bf16 is a different kernel at each AVX-512 level).
+    // Every path on one GEMV shape (bf16 is a different kernel at each AVX-512 level); the best
+    // bf16 and q8 paths ran above.
     for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
       for (Isa isa : all_levels) {
         if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
+        if (format != WeightFormat::kF32 && isa == detected_isa()) continue;
         add_matmul("Decode", {format, isa, 12288, 1536, 1, threads, true});
       }
     }
@@ -358,6 +360,7 @@ const bool kRegistered = [] {
     for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
       for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2}) {
         if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
+        if (format == WeightFormat::kBF16 && isa == detected_isa()) continue;  // ran above
         add_matmul("Prefill", {format, isa, 6144, 1536, 512, threads, false});
       }
     }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -224,7 +225,8 @@ TEST(Matmul, LongRowsStayWithinTolerance) {
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
     for (WeightFormat format : kFormats) {
-      check_matmul(rng, 7, 37, 6144 + 13, format);
+      check_matmul(rng, 7, 37, 6144 + 13, format);  // decode cuts these rows into K chunks
+      check_matmul(rng, 1, 19, 12288 + 5, format);
       check_matmul(rng, 1, 70, 1536, format);
       if (HasFatalFailure()) return;
     }
@@ -239,9 +241,12 @@ TEST(Matmul, RowSplitsGiveBitwiseIdenticalResults) {
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
     for (WeightFormat format : kFormats) {
-      for (int64_t tokens : {1, 5, 8, 13}) {
-        SCOPED_TRACE(testing::Message() << isa_name(level) << " " << format_name(format) << " tokens " << tokens);
-        const int64_t rows = 203, cols = 161;
+      // cols 161: every row at once; cols 4133 with 5 or 8 tokens: long rows cut into K chunks.
+      for (const auto& [tokens, cols] : {std::pair<int64_t, int64_t>{1, 161}, {5, 161}, {8, 161}, {13, 161},
+                                        {5, 4133}, {8, 4133}}) {
+        SCOPED_TRACE(testing::Message() << isa_name(level) << " " << format_name(format) << " tokens " << tokens
+                                        << " cols " << cols);
+        const int64_t rows = 203;
         const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
         const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, format);
         PreparedActivations prepared;

@@ -6,8 +6,9 @@
 // Every kernel is a register-blocked tile of (tokens x weight rows) dot products over the full K,
 // each dot product accumulated in its own 16-lane fp32 register in k order and reduced by one fixed
 // addition tree (reduce4): an output's value never depends on which tile or row range it was in.
-// Decode (<= 8 tokens) streams one weight row at a time for all tokens; prefill walks L2-sized blocks
-// of rows with tiles of up to 6 tokens x 4 rows (vdpbf16ps: 24 accumulators, 10 loads per 24 ops).
+// Decode (<= 8 tokens) streams one weight row at a time for all tokens, with software prefetch (K cut
+// into chunks when the tokens' activations outgrow L1); prefill walks L2-sized blocks of rows with
+// tiles of up to 6 tokens x 4 rows (vdpbf16ps: 24 accumulators, 10 loads per 24 multiply-adds).
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (GCC bug 105593) once they are inlined into these kernels.
@@ -48,8 +49,8 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
 // it takes q8 GEMV from about 80% to over 90% of the read-bandwidth probe.
 constexpr int64_t kPrefetchBytes = 3072;
 
-inline void prefetch_ahead(const void* address) {
-  _mm_prefetch(static_cast<const char*>(address) + kPrefetchBytes, _MM_HINT_T1);
+inline void prefetch_line(const void* address, int64_t offset) {
+  _mm_prefetch(static_cast<const char*>(address) + offset, _MM_HINT_T1);
 }
 
 inline __mmask16 mask16(int64_t count) { return static_cast<__mmask16>((1u << count) - 1u); }
@@ -60,7 +61,7 @@ inline __mmask64 mask64(int64_t count) { return count >= 64 ? ~0ull : (1ull << c
 
 struct F32Fma {
   static constexpr int kStep = 16, kTokens = 6, kRows = 4;
-  static constexpr int64_t kWeightBytes = 4;
+  static constexpr int64_t kWeightBytes = 4, kActivationBytes = 4;
   struct Row { const float* values; };
   struct Token { const float* values; };
   using WVec = __m512;
@@ -69,7 +70,7 @@ struct F32Fma {
   static Token token(const MatmulOperands& op, int64_t t) {
     return {static_cast<const float*>(op.x) + t * op.x_stride};
   }
-  static void prefetch(const Row& row, int64_t k) { prefetch_ahead(row.values + k); }
+  static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.values + k, offset); }
   static WVec load_w(const Row& row, int64_t k) { return _mm512_loadu_ps(row.values + k); }
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
     return _mm512_maskz_loadu_ps(mask16(count), row.values + k);
@@ -81,7 +82,7 @@ struct F32Fma {
 // bf16 with vdpbf16ps: 32 products per instruction, pairs summed into 16 fp32 lanes.
 struct Bf16Dot {
   static constexpr int kStep = 32, kTokens = 6, kRows = 4;
-  static constexpr int64_t kWeightBytes = 2;
+  static constexpr int64_t kWeightBytes = 2, kActivationBytes = 2;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
   using WVec = __m512bh;
@@ -90,7 +91,7 @@ struct Bf16Dot {
   static Token token(const MatmulOperands& op, int64_t t) {
     return {static_cast<const uint16_t*>(op.x) + t * op.x_stride};
   }
-  static void prefetch(const Row& row, int64_t k) { prefetch_ahead(row.values + k); }
+  static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.values + k, offset); }
   static WVec load_w(const Row& row, int64_t k) { return (__m512bh)_mm512_loadu_si512(row.values + k); }
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
     return (__m512bh)_mm512_maskz_loadu_epi16(mask32(count), row.values + k);
@@ -103,7 +104,7 @@ struct Bf16Dot {
 // 16-bit left shift and the odd ones a mask away from fp32.
 struct Bf16Widen {
   static constexpr int kStep = 32, kTokens = 4, kRows = 4;
-  static constexpr int64_t kWeightBytes = 2;
+  static constexpr int64_t kWeightBytes = 2, kActivationBytes = 2;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
   struct Pair { __m512 even, odd; };
@@ -117,7 +118,7 @@ struct Bf16Widen {
   static Token token(const MatmulOperands& op, int64_t t) {
     return {static_cast<const uint16_t*>(op.x) + t * op.x_stride};
   }
-  static void prefetch(const Row& row, int64_t k) { prefetch_ahead(row.values + k); }
+  static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.values + k, offset); }
   static WVec load_w(const Row& row, int64_t k) { return widen(_mm512_loadu_si512(row.values + k)); }
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
     return widen(_mm512_maskz_loadu_epi16(mask32(count), row.values + k));
@@ -136,13 +137,16 @@ struct Bf16Widen {
 // scales of one step are 128 contiguous prepared bytes, so one pointer per token suffices (eight
 // tokens' operands stay in the general registers) and eight tokens of 1536 values fit in L1.
 struct Q8Vnni {
+  static_assert(kQ8BlockSize == 32, "k >> 5 below is k / kQ8BlockSize");
   static constexpr int kStep = 64, kTokens = 4, kRows = 3;
-  static constexpr int64_t kWeightBytes = 1;
+  static constexpr int64_t kWeightBytes = 1, kActivationBytes = 2;  // 128 prepared bytes per 64 values
   struct Row { const int8_t* values; const float* scales; };
   struct Token { const std::byte* steps; };
   struct WVec { __m512i values, negated_offset; __m512 scales; };
   struct XVec { __m512i offset_values; __m512 scales; };
   static WVec weights(__m512i values, __m128 two_scales) {
+    // Keeps the weights in a register: otherwise both vpdpbusd read them from memory again.
+    __asm__("" : "+v"(values));
     const __m512i offset = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), values);
     const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     return {values, _mm512_sub_epi32(_mm512_setzero_si512(), offset),
@@ -152,15 +156,15 @@ struct Q8Vnni {
     return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * ((op.cols + kQ8BlockSize - 1) / kQ8BlockSize)};
   }
   static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride * 2}; }
-  static void prefetch(const Row& row, int64_t k) { prefetch_ahead(row.values + k); }
+  static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.values + k, offset); }
   static WVec load_w(const Row& row, int64_t k) {
     return weights(_mm512_loadu_si512(row.values + k),
-                   _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(row.scales + k / kQ8BlockSize))));
+                   _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(row.scales + (k >> 5)))));
   }
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
     const int blocks = count > kQ8BlockSize ? 2 : 1;
     return weights(_mm512_maskz_loadu_epi8(mask64(count), row.values + k),
-                   _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << blocks) - 1u), row.scales + k / kQ8BlockSize));
+                   _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << blocks) - 1u), row.scales + (k >> 5)));
   }
   static XVec load_x(const Token& token, int64_t k) {
     const std::byte* step = token.steps + 2 * k;
@@ -172,12 +176,20 @@ struct Q8Vnni {
   }
 };
 
-// ---- the tile and the cache-blocked driver, shared by all formats ----
+// ---- the tile and the cache-blocked drivers, shared by all formats ----
 
-// Tokens [t0, t0 + MT) x rows [r0, r0 + row_count), row_count <= NR. Missing rows repeat the last
-// valid one (read again from cache) and are not stored.
+// The part of K one tile call covers. A dot product split over several calls carries its accumulators
+// in memory between them, so it performs exactly the operations of a single call.
+struct KRange {
+  int64_t begin = 0, end = 0;     // multiples of kStep, except end == cols: this call finishes the sums
+  __m512* carried = nullptr;      // [chains][MT][NR] accumulators, when [begin, end) is not all of K
+  int64_t prefetch_offset = 0;    // single-row tiles: bytes from each weight load to the line prefetched
+};
+
+// Tokens [t0, t0 + MT) x rows [r0, r0 + row_count), row_count <= NR, over K range `range`. Missing rows
+// repeat the last valid one (read again from cache) and are not stored.
 template <class P, int MT, int NR>
-void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count) {
+void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, const KRange& range) {
   typename P::Row rows[NR];
 #pragma GCC unroll 8
   for (int i = 0; i < NR; ++i) rows[i] = P::row(op, r0 + (i < row_count ? i : row_count - 1));
@@ -185,18 +197,23 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count) {
 #pragma GCC unroll 8
   for (int t = 0; t < MT; ++t) tokens[t] = P::token(op, t0 + t);
 
-  __m512 acc[MT][NR];
+  // Small tiles (decode of one or two tokens) alternate two accumulator sets over the k steps, so the
+  // chain of dependent multiply-adds never limits how fast a stalled weight stream can catch up.
+  constexpr int kChains = MT * NR <= 2 ? 2 : 1;
+  __m512 acc[kChains][MT][NR];
+  const bool resume = range.carried != nullptr && range.begin > 0;
 #pragma GCC unroll 8
-  for (int t = 0; t < MT; ++t) {
+  for (int c = 0; c < kChains; ++c) {
 #pragma GCC unroll 8
-    for (int i = 0; i < NR; ++i) acc[t][i] = _mm512_setzero_ps();
+    for (int t = 0; t < MT; ++t) {
+#pragma GCC unroll 8
+      for (int i = 0; i < NR; ++i) {
+        acc[c][t][i] = resume ? _mm512_load_ps(range.carried + (c * MT + t) * NR + i) : _mm512_setzero_ps();
+      }
+    }
   }
-
-  const int64_t cols = op.cols;
-  const int64_t full = cols - cols % P::kStep;
-  int64_t k = 0;
-  for (; k < full; k += P::kStep) {
-    if constexpr (NR == 1) P::prefetch(rows[0], k);
+  auto step = [&](__m512 (&sums)[MT][NR], int64_t k) {
+    if constexpr (NR == 1) P::prefetch(rows[0], k, range.prefetch_offset);
     typename P::WVec w[NR];
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) w[i] = P::load_w(rows[i], k);
@@ -204,8 +221,31 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count) {
     for (int t = 0; t < MT; ++t) {
       const typename P::XVec x = P::load_x(tokens[t], k);
 #pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) acc[t][i] = P::madd(acc[t][i], x, w[i]);
+      for (int i = 0; i < NR; ++i) sums[t][i] = P::madd(sums[t][i], x, w[i]);
     }
+  };
+
+  const int64_t cols = op.cols;
+  const int64_t full = cols - cols % P::kStep;
+  const int64_t stop = range.end < full ? range.end : full;
+  int64_t k = range.begin;
+  if constexpr (kChains == 2) {
+    for (; k + 2 * P::kStep <= stop; k += 2 * P::kStep) {
+      step(acc[0], k);
+      step(acc[1], k + P::kStep);
+    }
+  }
+  for (; k < stop; k += P::kStep) step(acc[0], k);
+  if (range.end < cols) {
+#pragma GCC unroll 8
+    for (int c = 0; c < kChains; ++c) {
+#pragma GCC unroll 8
+      for (int t = 0; t < MT; ++t) {
+#pragma GCC unroll 8
+        for (int i = 0; i < NR; ++i) _mm512_store_ps(range.carried + (c * MT + t) * NR + i, acc[c][t][i]);
+      }
+    }
+    return;
   }
   if (k < cols) {  // activations are zero padded, so only the weights need masking
     typename P::WVec w[NR];
@@ -215,7 +255,14 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count) {
     for (int t = 0; t < MT; ++t) {
       const typename P::XVec x = P::load_x(tokens[t], k);
 #pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) acc[t][i] = P::madd(acc[t][i], x, w[i]);
+      for (int i = 0; i < NR; ++i) acc[0][t][i] = P::madd(acc[0][t][i], x, w[i]);
+    }
+  }
+  if constexpr (kChains == 2) {
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) {
+#pragma GCC unroll 8
+      for (int i = 0; i < NR; ++i) acc[0][t][i] = _mm512_add_ps(acc[0][t][i], acc[1][t][i]);
     }
   }
 
@@ -224,8 +271,8 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count) {
 #pragma GCC unroll 8
     for (int t = 0; t < MT; t += 4) {
       alignas(16) float sums[4];
-      _mm_store_ps(sums, reduce4(acc[t][0], t + 1 < MT ? acc[t + 1][0] : zero, t + 2 < MT ? acc[t + 2][0] : zero,
-                                 t + 3 < MT ? acc[t + 3][0] : zero));
+      _mm_store_ps(sums, reduce4(acc[0][t][0], t + 1 < MT ? acc[0][t + 1][0] : zero, t + 2 < MT ? acc[0][t + 2][0] : zero,
+                                 t + 3 < MT ? acc[0][t + 3][0] : zero));
       for (int i = 0; i < 4 && t + i < MT; ++i) op.y[(t0 + t + i) * op.y_stride + r0] = sums[i];
     }
   } else {  // four rows of one token at a time
@@ -234,8 +281,8 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count) {
       float* out = op.y + (t0 + t) * op.y_stride + r0;
 #pragma GCC unroll 4
       for (int g = 0; g < NR; g += 4) {
-        const __m128 sums = reduce4(acc[t][g], g + 1 < NR ? acc[t][g + 1] : zero, g + 2 < NR ? acc[t][g + 2] : zero,
-                                    g + 3 < NR ? acc[t][g + 3] : zero);
+        const __m128 sums = reduce4(acc[0][t][g], g + 1 < NR ? acc[0][t][g + 1] : zero, g + 2 < NR ? acc[0][t][g + 2] : zero,
+                                    g + 3 < NR ? acc[0][t][g + 3] : zero);
         const int64_t valid = row_count - g;
         if (valid >= 4) {
           _mm_storeu_ps(out + g, sums);
@@ -248,27 +295,60 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count) {
 }
 
 template <class P, int MT, int NR>
-void tile_for_tokens(int64_t token_count, const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count) {
+void tile_for_tokens(int64_t token_count, const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count,
+                     const KRange& range) {
   if constexpr (MT > 1) {
-    if (token_count < MT) return tile_for_tokens<P, MT - 1, NR>(token_count, op, t0, r0, row_count);
+    if (token_count < MT) return tile_for_tokens<P, MT - 1, NR>(token_count, op, t0, r0, row_count, range);
   }
-  tile<P, MT, NR>(op, t0, r0, row_count);
+  tile<P, MT, NR>(op, t0, r0, row_count, range);
 }
 
-// Up to this many tokens (decode, small batches) each weight row is read once, by itself, for all
-// tokens: one sequential stream is what the hardware prefetchers follow best (interleaving four rows
-// measured a third slower on one Zen 4 core), and the work per weight byte is small.
+// Up to this many tokens (decode, small batches) each weight row is read once for all tokens, by
+// single-row tiles: one sequential stream is what the hardware prefetchers follow best (interleaving
+// four rows measured a third slower on one Zen 4 core), and the work per weight byte is small.
 constexpr int kDecodeTokens = 8;
+// When the activations every row reads are more than L1 holds (32 KiB) ...
+constexpr int64_t kDecodeActivationLimit = 32 * 1024;
+// ... K is cut into chunks whose activations take half of it, and blocks of this many rows take turns
+// per chunk (cutting rows whose activations fit anyway measured slower).
+constexpr int64_t kDecodeChunkBytes = 16 * 1024;
+constexpr int kDecodeBlockRows = 8;
+
+template <class P>
+void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  if (op.tokens * op.cols * P::kActivationBytes <= kDecodeActivationLimit) {
+    const KRange whole{0, op.cols, nullptr, kPrefetchBytes};
+    for (int64_t r = row_begin; r < row_end; ++r) tile_for_tokens<P, kDecodeTokens, 1>(op.tokens, op, 0, r, 1, whole);
+    return;
+  }
+  // Long rows: the weights are read in segments of `chunk` values, row after row within a block, then
+  // the next chunk. Each segment prefetches the one read after it, at the same offset.
+  int64_t chunk = kDecodeChunkBytes / (op.tokens * P::kActivationBytes) / (2 * P::kStep) * (2 * P::kStep);
+  if (chunk < 2 * P::kStep) chunk = 2 * P::kStep;
+  alignas(64) __m512 carried[kDecodeBlockRows][kDecodeTokens];
+  const int64_t row_bytes = op.cols * P::kWeightBytes;
+  for (int64_t block = row_begin; block < row_end; block += kDecodeBlockRows) {
+    const int64_t block_rows = smaller(kDecodeBlockRows, row_end - block);
+    for (int64_t k0 = 0; k0 < op.cols; k0 += chunk) {
+      const int64_t k1 = op.cols - k0 <= chunk ? op.cols : k0 + chunk;
+      for (int64_t i = 0; i < block_rows; ++i) {
+        const int64_t here = (block + i) * row_bytes + k0 * P::kWeightBytes;
+        const int64_t next = i + 1 < block_rows ? here + row_bytes
+                             : k1 < op.cols     ? block * row_bytes + k1 * P::kWeightBytes
+                                                : (block + block_rows) * row_bytes;
+        tile_for_tokens<P, kDecodeTokens, 1>(op.tokens, op, 0, block + i, 1, KRange{k0, k1, carried[i], next - here});
+      }
+    }
+  }
+}
 
 // Prefill: rows are taken in blocks that fit L2; inside a block every token tile sweeps all its rows,
 // so the token tile's activations stay in L1 while weight rows stream from L2 (from memory once).
 template <class P>
 void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
-  if (op.tokens <= kDecodeTokens) {
-    for (int64_t r = row_begin; r < row_end; ++r) tile_for_tokens<P, kDecodeTokens, 1>(op.tokens, op, 0, r, 1);
-    return;
-  }
+  if (op.tokens <= kDecodeTokens) return run_decode<P>(op, row_begin, row_end);
+  const KRange whole{0, op.cols, nullptr, 0};
   const int64_t row_bytes = op.cols * P::kWeightBytes + 64;
   int64_t block_rows = kWeightBlockBytes / row_bytes / P::kRows * P::kRows;
   if (block_rows < P::kRows) block_rows = P::kRows;
@@ -277,7 +357,7 @@ void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
     for (int64_t t0 = 0; t0 < op.tokens; t0 += P::kTokens) {
       const int64_t token_count = smaller(P::kTokens, op.tokens - t0);
       for (int64_t r0 = block; r0 < block_end; r0 += P::kRows) {
-        tile_for_tokens<P, P::kTokens, P::kRows>(token_count, op, t0, r0, smaller(P::kRows, block_end - r0));
+        tile_for_tokens<P, P::kTokens, P::kRows>(token_count, op, t0, r0, smaller(P::kRows, block_end - r0), whole);
       }
     }
   }
