@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -78,6 +79,11 @@ std::filesystem::path fresh_work_dir(const std::string& name) {
   std::filesystem::remove_all(path);
   std::filesystem::create_directories(path);
   return path;
+}
+
+std::string test_identifier(std::string text) {
+  std::replace(text.begin(), text.end(), '-', '_');
+  return text;
 }
 
 std::string join_ids(const std::vector<int>& ids) {

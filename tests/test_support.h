@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 namespace gemma4rt::testing {
@@ -27,6 +28,11 @@ std::filesystem::path fresh_work_dir(const std::string& name);
 
 // "2,17,300" for a list of ids.
 std::string join_ids(const std::vector<int>& ids);
+
+// A gtest parameter name from text such as a model name: "tiny-26b-a4b" -> "tiny_26b_a4b".
+std::string test_identifier(std::string text);
+// For suites parameterised by one string (model or shape names).
+inline std::string string_param_name(const ::testing::TestParamInfo<std::string>& info) { return test_identifier(info.param); }
 
 }  // namespace gemma4rt::testing
 

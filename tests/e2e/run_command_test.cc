@@ -10,11 +10,6 @@ namespace {
 const std::filesystem::path kGolden = std::filesystem::path(GEMMA4RT_TEST_DATA) / "golden";
 const std::filesystem::path kModels = GEMMA4RT_MODELS;
 
-std::string test_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string name = info.param;
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
-}
 
 nlohmann::json run_json(const std::vector<std::string>& arguments) {
   std::vector<std::string> full = {"run"};
@@ -48,7 +43,7 @@ TEST_P(RunGolden, PromptIdsJsonGivesReferenceGreedyTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, RunGolden,
-                         ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"), test_name);
+                         ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"), string_param_name);
 
 class Coherence : public ::testing::TestWithParam<std::string> {};
 
@@ -84,7 +79,7 @@ TEST_P(Coherence, AnswersEveryListedPrompt) {
 
 INSTANTIATE_TEST_SUITE_P(TrainedModels, Coherence,
                          ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
-                         test_name);
+                         string_param_name);
 
 // The agent model also answers thinking-off capital questions rendered by the chat format itself.
 TEST(CoherenceAgent, ThinkingPromptRenderedFromChatFlag) {

@@ -120,11 +120,7 @@ TEST_P(VerifyStrictF32, MatchesTheReference) {
   }
 }
 
-std::string param_name(const std::string& text) {
-  std::string name = text;
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
-}
+std::string param_name(const std::string& text) { return testing::test_identifier(text); }
 
 INSTANTIATE_TEST_SUITE_P(VerifyGolden, VerifyStrictF32, ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
                          [](const auto& info) { return param_name(info.param); });

@@ -140,9 +140,7 @@ INSTANTIATE_TEST_SUITE_P(TrainedModels, FastPathCoherence,
                          ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
                                             ::testing::Values(kernels::WeightFormat::kBF16, kernels::WeightFormat::kQ8)),
                          [](const auto& info) {
-                           std::string name = std::get<0>(info.param) + "_" + weight_format_name(std::get<1>(info.param));
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
+                           return testing::test_identifier(std::get<0>(info.param) + "_" + weight_format_name(std::get<1>(info.param)));
                          });
 
 }  // namespace

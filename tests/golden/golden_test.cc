@@ -11,6 +11,7 @@
 
 #include "engine/transformer.h"
 #include "model/weights.h"
+#include "test_support.h"
 
 namespace gemma4rt {
 namespace {
@@ -66,11 +67,7 @@ TEST_P(GoldenModel, GreedyTokensAndLogitsMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, GoldenModel,
                          ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         testing::string_param_name);
 
 }  // namespace
 }  // namespace gemma4rt

@@ -64,9 +64,7 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, TensorParallel,
                          ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) {
-                           std::string name = std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
+                           return testing::test_identifier(std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param)));
                          });
 
 TEST(TensorParallelErrors, DegreeMustDivideTheHeads) {

@@ -52,11 +52,7 @@ TEST_P(ResolvedConfig, RopeInverseFrequenciesMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, ResolvedConfig,
                          ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         testing::string_param_name);
 
 TEST(ModelConfig, FlatTextConfigAndReferenceDefaults) {
   // A text-only (Gemma4ForCausalLM) config: flat, with most keys left to the reference defaults.

@@ -82,11 +82,7 @@ TEST_P(DoctorFixture, JsonReportIsOk) {
 
 INSTANTIATE_TEST_SUITE_P(DoctorModels, DoctorFixture,
                          ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         testing::string_param_name);
 
 TEST(Doctor, NotesStaleTensorsOfKvSharedLayers) {
   const CommandResult result = run_gemma4rt({"doctor", "--model", (kModels / "tiny-e2b").string()});

@@ -37,11 +37,7 @@ std::vector<int> full_layers(const ModelConfig& config) {
   return layers;
 }
 
-std::string test_name(const std::string& shape) {
-  std::string name = shape;
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
-}
+std::string test_name(const std::string& shape) { return testing::test_identifier(shape); }
 
 // The same layer structure with small widths and vocabulary, so a checkpoint is a few hundred kB.
 json shrink(json config) {
