@@ -236,6 +236,27 @@ RankBytes compute_rank_bytes(const ModelConfig& config, const ShardPlan& shards,
   return bytes;
 }
 
+// Binary search over the context: a rank's total never shrinks as the context grows (KV rings, full-layer
+// caches, prefill rows and score matrices only grow), so the fitting contexts are a prefix.
+std::optional<int> longest_fitting_context(const ModelConfig& config, const ShardPlan& shards, const Target& target,
+                                           PlanOptions options) {
+  const int64_t usable = target.usable_per_rank_bytes();
+  const auto fits_at = [&](int context) {
+    options.context_tokens = context;
+    return compute_rank_bytes(config, shards, target, options).memory.total_bytes <= usable;
+  };
+  // Without a model limit, the longest RoPE context any released variant has, twice over.
+  const int ceiling = config.max_position_embeddings > 0 ? config.max_position_embeddings : 524288;
+  if (!fits_at(1)) return std::nullopt;
+  if (fits_at(ceiling)) return ceiling;
+  int fits = 1, fails = ceiling;
+  while (fails - fits > 1) {
+    const int middle = fits + (fails - fits) / 2;
+    (fits_at(middle) ? fits : fails) = middle;
+  }
+  return fits;
+}
+
 int64_t host_bytes_needed(const RankBytes& bytes, const Target& target) {
   if (!is_accelerator(target)) return bytes.memory.total_bytes;  // the CPU rank is the host
   return bytes.host_table_bytes + bytes.largest_device_tensor_bytes + bytes.host_activation_bytes;
@@ -427,13 +448,16 @@ DeploymentPlan make_deployment_plan(const ModelConfig& config, const std::string
   plan.target = target;
   plan.options = options;
   plan.parameter_count = parameter_count(config);
+  plan.max_position_embeddings = config.max_position_embeddings;
 
   const int64_t usable = target.usable_per_rank_bytes();
   std::vector<RankBytes> details;
   const std::vector<int> degrees = target.kind == TargetKind::kCpu ? std::vector<int>{1} : valid_tp_degrees(config);
   for (int degree : degrees) {
-    RankBytes bytes = compute_rank_bytes(config, make_shard_plan(config, degree), target, options);
+    const ShardPlan shards = make_shard_plan(config, degree);
+    RankBytes bytes = compute_rank_bytes(config, shards, target, options);
     bytes.memory.fits = bytes.memory.total_bytes <= usable;
+    bytes.memory.max_context_tokens = longest_fitting_context(config, shards, target, options);
     bytes.memory.within_target = degree <= target.ranks;
     plan.host_table_bytes = bytes.host_table_bytes;
     if (bytes.memory.fits && !plan.smallest_fitting_tp) plan.smallest_fitting_tp = degree;
@@ -593,7 +617,8 @@ nlohmann::json to_json(const DeploymentPlan& plan) {
                 {"activation_bytes", memory.activation_bytes},
                 {"total_bytes", memory.total_bytes},
                 {"fits", memory.fits},
-                {"within_target", memory.within_target}};
+                {"within_target", memory.within_target},
+                {"max_context_tokens", memory.max_context_tokens ? json(*memory.max_context_tokens) : json(nullptr)}};
   };
   json by_tp = json::array();
   for (const RankMemory& memory : plan.by_tp) by_tp.push_back(memory_json(memory));
@@ -609,6 +634,7 @@ nlohmann::json to_json(const DeploymentPlan& plan) {
           {"target", target_json},
           {"options", options},
           {"parameter_count", plan.parameter_count},
+          {"max_position_embeddings", plan.max_position_embeddings},
           {"host_side", {{"tensors", json::array({"embed_tokens", "embed_tokens_per_layer"})},
                          {"bytes", plan.host_table_bytes},
                          {"why", "gathered per token from the mmap'd checkpoint and sent as activations"}}},

@@ -82,6 +82,9 @@ struct RankMemory {
   int64_t total_bytes = 0;
   bool fits = false;                  // total_bytes <= the target's usable memory per rank
   bool within_target = false;         // tp <= the target's ranks
+  // The longest context per sequence (at the plan's batch, dtype and chunk) whose total still fits, up to
+  // the model's max_position_embeddings; nullopt when not even one token fits. Set by make_deployment_plan.
+  std::optional<int> max_context_tokens;
 };
 
 // An op whose working set does not fit the on-chip buffer, with the remedy that works.
@@ -98,6 +101,7 @@ struct DeploymentPlan {
   Target target;
   PlanOptions options;
   int64_t parameter_count = 0;        // every parameter, embeddings and PLE included
+  int max_position_embeddings = 0;    // the model's longest context (0 when its config does not say)
   int64_t host_table_bytes = 0;       // embedding + PLE tables, as stored (bf16)
   std::vector<RankMemory> by_tp;      // every degree make_shard_plan accepts
   std::optional<int> smallest_fitting_tp;   // over all valid degrees, even beyond the target's ranks

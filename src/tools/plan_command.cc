@@ -2,7 +2,9 @@
 // bytes per tensor-parallel rank at every degree, whether it fits, the smallest degree that does, the host
 // memory and the Neuron on-chip-buffer problems with their remedies; with --show-shards, which rank holds
 // which heads, rows, experts and vocabulary rows (parallel/shard_plan.h). --json prints one object.
+#include <limits>
 #include <optional>
+#include <string>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -26,7 +28,7 @@ struct PlanFlags {
   std::string target;
   std::optional<int> tp;
   std::string dtype = "bf16";
-  int context_tokens = 4096;
+  std::string context = "4096";  // a number of tokens, or "max" for the model's max_position_embeddings
   int batch = 1;
   bool show_shards = false;
   bool json = false;
@@ -67,16 +69,18 @@ void print_deployment(const DeploymentPlan& plan) {
   if (target.kind != parallel::TargetKind::kCpu) {
     fmt::print("  host-side: token embedding and PLE tables, {}, gathered per token from the mmap\n", gb(plan.host_table_bytes));
   }
-  fmt::print("\n{:>4}  {:>15}  {:>10}  {:>13}  {:>10}  {:>12}  {:>11}  {}\n", "TP", "decoder layers", "LM head", "weights/rank",
-             "KV cache", "activations", "total/rank", "fits");
+  fmt::print("\n{:>4}  {:>15}  {:>10}  {:>13}  {:>10}  {:>12}  {:>11}  {:>12}  {}\n", "TP", "decoder layers", "LM head",
+             "weights/rank", "KV cache", "activations", "total/rank", "max context", "fits");
   for (const parallel::RankMemory& memory : plan.by_tp) {
     std::string verdict = memory.fits ? "yes" : "no";
     if (!memory.within_target) verdict += fmt::format(" (more than the target's {})", target.ranks);
-    fmt::print("{:>4}  {:>15}  {:>10}  {:>13}  {:>10}  {:>12}  {:>11}  {}\n", memory.tp, gb(memory.decoder_layer_bytes),
+    const std::string longest = memory.max_context_tokens ? fmt::format("{}", *memory.max_context_tokens) : "-";
+    fmt::print("{:>4}  {:>15}  {:>10}  {:>13}  {:>10}  {:>12}  {:>11}  {:>12}  {}\n", memory.tp, gb(memory.decoder_layer_bytes),
                gb(memory.lm_head_bytes), gb(memory.weight_bytes), gb(memory.kv_cache_bytes), gb(memory.activation_bytes),
-               gb(memory.total_bytes), verdict);
+               gb(memory.total_bytes), longest, verdict);
   }
-  fmt::print("\n");
+  fmt::print("max context: the longest context per sequence that still fits a rank at that TP (model limit {})\n\n",
+             plan.max_position_embeddings);
   if (plan.smallest_fitting_tp) {
     fmt::print("smallest TP that fits: {}{}\n", *plan.smallest_fitting_tp,
                plan.instance ? fmt::format(" -> {} NeuronCores: {}", *plan.smallest_fitting_tp, *plan.instance) : "");
@@ -97,6 +101,24 @@ void print_deployment(const DeploymentPlan& plan) {
   }
 }
 
+int context_tokens(const std::string& value, const ModelConfig& config) {
+  if (value == "max") {
+    if (config.max_position_embeddings <= 0) fail("--ctx max: the config does not state max_position_embeddings; give --ctx N");
+    return config.max_position_embeddings;
+  }
+  size_t used = 0;
+  long long tokens = 0;
+  try {
+    tokens = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || tokens < 1 || tokens > std::numeric_limits<int>::max()) {
+    fail("--ctx \"{}\": expected a positive number of tokens or \"max\"", value);
+  }
+  return static_cast<int>(tokens);
+}
+
 int plan(const PlanFlags& flags) {
   std::string model_name;
   ModelConfig config;
@@ -113,7 +135,7 @@ int plan(const PlanFlags& flags) {
   if (!flags.target.empty()) {
     parallel::PlanOptions options;
     options.dtype = parallel::parse_weight_dtype(flags.dtype);
-    options.context_tokens = flags.context_tokens;
+    options.context_tokens = context_tokens(flags.context, config);
     options.batch = flags.batch;
     options.tp = flags.tp;
     deployment = parallel::make_deployment_plan(config, model_name, parallel::parse_target(flags.target), options);
@@ -156,8 +178,8 @@ Action add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command->add_option("--dtype", flags->dtype, "Weight dtype: bf16 (default, the checkpoint's), f32 (KV cache f32 too) or q8")
       ->check(CLI::IsMember({"f32", "fp32", "bf16", "q8"}));
-  command->add_option("--ctx", flags->context_tokens, "Context tokens per sequence (default 4096, as run and serve)")
-      ->check(CLI::PositiveNumber);
+  command->add_option("--ctx", flags->context,
+                      "Context tokens per sequence (default 4096, as run and serve), or max for the model's longest");
   command->add_option("--batch", flags->batch, "Sequences served together (default 1)")->check(CLI::PositiveNumber);
   command->add_flag("--show-shards", flags->show_shards, "Print which rank holds which heads, rows and experts, layer by layer");
   command->add_flag("--json", flags->json, "Print one JSON object");

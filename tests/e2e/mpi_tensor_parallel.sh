@@ -19,28 +19,64 @@ for model in tiny-e2b tiny-12b tiny-26b-a4b; do
   fi
 done
 
-# The server under mpirun: rank 0 answers HTTP, rank 1 mirrors every engine step.
+# The server under mpirun: rank 0 answers HTTP, rank 1 mirrors every engine step. SIGTERM drains: a
+# request in flight when the signal arrives still gets every token, whether mpirun forwards the signal or
+# rank 0 gets it directly (then mpirun's own status is 0 too).
 models="$data/../../models"
-port=$((20000 + RANDOM % 20000))
-mpirun -np 2 "$binary" serve --model "$models/tiny-e2b" --port "$port" --tp 2 --threads 1 >/dev/null 2>&1 &
-server=$!
-answer=""
-for _ in $(seq 60); do
-  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then
-    answer=$(curl -s --max-time 60 "http://127.0.0.1:$port/v1/chat/completions" \
-      -d '{"messages":[{"role":"user","content":"What is the capital of Japan?"}],"temperature":0}' |
-      python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])')
-    break
+serve_and_stop() {  # $1: "mpirun" or "rank0" (who gets SIGTERM); prints the answers and the status
+  local port=$((20000 + RANDOM % 20000)) server answer="" long="" rank0
+  mpirun -np 2 "$binary" serve --model "$models/tiny-e2b" --port "$port" --tp 2 --threads 1 >/dev/null 2>&1 &
+  server=$!
+  for _ in $(seq 60); do
+    if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then
+      answer=$(curl -s --max-time 60 "http://127.0.0.1:$port/v1/chat/completions" \
+        -d '{"messages":[{"role":"user","content":"What is the capital of Japan?"}],"temperature":0}' |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])')
+      break
+    fi
+    sleep 1
+  done
+  long_file=$(mktemp)
+  curl -sN --max-time 120 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":3000,
+    "ignore_eos":true,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$long_file" &
+  local client=$!
+  for _ in $(seq 200); do  # the signal must find the request generating: wait for its first streamed token
+    if [ -s "$long_file" ]; then break; fi
+    sleep 0.05
+  done
+  if [ "$1" = rank0 ]; then
+    rank0=$(for pid in $(pgrep -P "$server"); do
+      if tr '\0' '\n' <"/proc/$pid/environ" | grep -qx OMPI_COMM_WORLD_RANK=0; then echo "$pid"; fi
+    done)
+    kill -TERM "$rank0"
+  else
+    kill -TERM "$server"
   fi
-  sleep 1
+  local status=0
+  wait "$server" || status=$?
+  wait "$client" || true
+  long=$(python3 - "$long_file" <<'PY' 2>/dev/null || echo none
+import json, sys
+events = [line[6:] for line in open(sys.argv[1]) if line.startswith("data: ")]
+assert events[-1].strip() == "[DONE]"
+print(json.loads(events[-2])["usage"]["completion_tokens"])
+PY
+)
+  rm -f "$long_file"
+  echo "$answer|$long|$status"
+}
+for who in mpirun rank0; do
+  IFS='|' read -r answer long mpirun_status <<<"$(serve_and_stop "$who")"
+  if [ "$answer" = "The capital of Japan is Tokyo." ] && [ "$long" = 3000 ]; then
+    echo "serve under mpirun -np 2 --tp 2 answers '$answer'; SIGTERM to $who let the in-flight request finish ($long tokens)"
+  else
+    echo "serve under mpirun -np 2 --tp 2, SIGTERM to $who: answer '$answer', in-flight request got '$long' of 3000 tokens"
+    status=1
+  fi
+  if [ "$who" = rank0 ] && [ "$mpirun_status" != 0 ]; then
+    echo "SIGTERM to rank 0: mpirun exited $mpirun_status, expected 0"
+    status=1
+  fi
 done
-kill -TERM "$server" 2>/dev/null || true
-wait "$server" 2>/dev/null || true
-if [ "$answer" = "The capital of Japan is Tokyo." ]; then
-  echo "serve under mpirun -np 2 --tp 2 answers: $answer"
-else
-  echo "serve under mpirun -np 2 --tp 2: wrong answer '$answer'"
-  status=1
-fi
-if [ $status -eq 0 ]; then echo "4 passed, 0 failed"; else echo "0 passed, 4 failed"; fi
+if [ $status -eq 0 ]; then echo "5 passed, 0 failed"; else echo "some of 5 failed"; fi
 exit $status

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -299,6 +300,36 @@ TEST(Deployment, TwentySixBHoldsAbout49GbOfWeightsAndNeedsTpEightAtFullContext) 
   EXPECT_EQ(short_context.instance, "inf2.24xlarge");
 }
 
+// The table's "max context" column: the longest context at which each degree still fits, found by search,
+// must be exactly the boundary the per-context verdicts draw. It shows where the two published results
+// part: 12B's TP=2 holds about half of its 262144 positions, 26B's TP=4 about 190K, TP=8 all of them.
+TEST(Deployment, MaxContextIsTheBoundaryOfTheVerdicts) {
+  struct Case {
+    std::string model;
+    int tp;
+  };
+  for (const Case& c : {Case{"12b", 2}, Case{"26b-a4b", 4}, Case{"31b", 8}, Case{"e4b", 1}}) {
+    SCOPED_TRACE(c.model + " tp " + std::to_string(c.tp));
+    const std::optional<int> longest = plan_for(c.model, "inf2.xlarge").at(c.tp).max_context_tokens;
+    ASSERT_TRUE(longest.has_value());
+    EXPECT_TRUE(plan_for(c.model, "inf2.xlarge", WeightDtype::kBF16, *longest).at(c.tp).fits);
+    const int limit = shape(c.model).max_position_embeddings;
+    if (*longest < limit) {
+      EXPECT_FALSE(plan_for(c.model, "inf2.xlarge", WeightDtype::kBF16, *longest + 1).at(c.tp).fits);
+    }
+  }
+  const DeploymentPlan twelve = plan_for("12b", "inf2.xlarge");
+  EXPECT_FALSE(twelve.at(1).max_context_tokens.has_value());  // the weights alone overflow a core
+  EXPECT_GT(*twelve.at(2).max_context_tokens, 100'000);
+  EXPECT_LT(*twelve.at(2).max_context_tokens, 262144);
+  EXPECT_EQ(*twelve.at(4).max_context_tokens, 262144);
+  const DeploymentPlan moe = plan_for("26b-a4b", "inf2.xlarge");
+  EXPECT_GT(*moe.at(4).max_context_tokens, 150'000);
+  EXPECT_LT(*moe.at(4).max_context_tokens, 262144);
+  EXPECT_EQ(*moe.at(8).max_context_tokens, 262144);
+  EXPECT_EQ(*plan_for("e4b", "inf2.xlarge", WeightDtype::kF32).at(2).max_context_tokens, 131072);
+}
+
 TEST(Deployment, SoftcapOverTheVocabularyIsFlaggedOnNeuronNotOnH200) {
   for (const std::string target : {"inf2.xlarge", "trn1.2xlarge"}) {
     const DeploymentPlan plan = plan_for("e2b", target);
@@ -404,6 +435,22 @@ TEST(PlanCommand, TableNamesTheInstanceFor31B) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.out.find("smallest TP that fits: 8 -> 8 NeuronCores: inf2.24xlarge"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("does not fit inf2.xlarge"), std::string::npos) << result.out;
+}
+
+TEST(PlanCommand, FullContextPutsTwentySixBOnEightCores) {
+  const auto result = run_gemma4rt({"plan", "--shape", "26b-a4b", "--target", "inf2.xlarge", "--ctx", "max", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const json plan = json::parse(result.out);
+  EXPECT_EQ(plan["options"]["context_tokens"], 262144);
+  EXPECT_EQ(plan["max_position_embeddings"], 262144);
+  EXPECT_EQ(plan["smallest_fitting_tp"], 8);
+  EXPECT_EQ(plan["instance"], "inf2.24xlarge");
+  EXPECT_EQ(plan["per_rank"]["max_context_tokens"], 262144);
+  for (const std::string bad : {"0", "12x", "-5", "maximum"}) {
+    const auto refused = run_gemma4rt({"plan", "--shape", "26b-a4b", "--target", "inf2.xlarge", "--ctx", bad});
+    EXPECT_EQ(refused.exit_code, 1) << bad;
+    EXPECT_NE(refused.err.find("expected a positive number of tokens or \"max\""), std::string::npos) << refused.err;
+  }
 }
 
 TEST(PlanCommand, ShowShardsPrintsEveryLayer) {
