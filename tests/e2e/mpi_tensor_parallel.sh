@@ -7,10 +7,15 @@ data="$2"
 # The test machine runs as root and has 2 cores: let OpenMPI run there.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 status=0
+# Ranks are placed the way a multi-machine run places them: from a hostfile (here naming this machine).
+hostfile=$(mktemp)
+trap 'rm -f "$hostfile"' EXIT
+echo "localhost slots=2" >"$hostfile"
 for model in tiny-e2b tiny-12b tiny-26b-a4b; do
   args=(run --model "$data/golden/$model" --prompt-ids 2,17,300,41,99 --reference --ignore-eos --max-tokens 16 --json)
   single=$("$binary" "${args[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
-  split=$(timeout 120 mpirun -np 2 "$binary" "${args[@]}" --tp 2 | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+  split=$(timeout 120 mpirun --hostfile "$hostfile" -np 2 "$binary" "${args[@]}" --tp 2 |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
   if [ "$single" = "$split" ]; then
     echo "$model: mpirun -np 2 --tp 2 gives the single-process tokens $single"
   else
