@@ -164,10 +164,10 @@ Action add_bench_command(CLI::App& app) {
   auto flags = std::make_shared<BenchFlags>();
   CLI::App* command = app.add_subcommand("bench", "Measure prompt and decode speed against the machine's memory-bandwidth roofline");
   command->add_option("--model", flags->model_dir, "Checkpoint directory")->required();
-  command->add_option("-p,--prompt-tokens", flags->prompt_tokens, "Prompt length for the prefill test")->check(CLI::PositiveNumber);
+  command->add_option("-p,--prompt-tokens", flags->prompt_tokens, "Prompt length for the prefill test")->check(at_least_one());
   command->add_option("-n,--decode-tokens", flags->decode_tokens, "Tokens to decode per decode test")->check(CLI::Range(2, 1 << 20));
-  command->add_option("-d,--depth", flags->depth, "Also decode after filling the context to this many tokens")->check(CLI::NonNegativeNumber);
-  command->add_option("-r,--repeats", flags->repeats, "Prompt repetitions (the best is reported)")->check(CLI::PositiveNumber);
+  command->add_option("-d,--depth", flags->depth, "Also decode after filling the context to this many tokens")->check(zero_or_more());
+  command->add_option("-r,--repeats", flags->repeats, "Prompt repetitions (the best is reported)")->check(at_least_one());
   command->add_flag("--json", flags->json, "Print the figures as JSON");
   flags->engine.add_to(*command);
   return [flags] { return bench(*flags); };

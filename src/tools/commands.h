@@ -3,12 +3,17 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 namespace gemma4rt::tools {
 
 using Action = std::function<int()>;
+
+// Flag checks whose messages name the bound (CLI11's own print the whole double range).
+const CLI::Validator& at_least_one();
+const CLI::Validator& zero_or_more();
 
 Action add_run_command(CLI::App& app);
 Action add_tokenize_command(CLI::App& app);

@@ -58,7 +58,7 @@ Action add_doctor_command(CLI::App& app) {
   command->add_flag("--json", flags->json, "Print one JSON object: {\"checks\":[{name,status,message}],\"ok\":bool}");
   command->add_flag("--no-forward", flags->no_forward, "Skip the one-token forward pass (the only check that computes)");
   command->add_option("--threads", flags->threads, "Worker threads for the forward check (default: one per core)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(zero_or_more());
   return [flags] { return doctor(*flags); };
 }
 

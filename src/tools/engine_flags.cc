@@ -1,6 +1,7 @@
 #include "tools/engine_flags.h"
 
 #include "core/error.h"
+#include "tools/commands.h"
 
 namespace gemma4rt::tools {
 
@@ -9,7 +10,7 @@ void EngineFlags::add_to(CLI::App& command) {
       ->check(CLI::IsMember({"f32", "bf16", "q8"}));
   command.add_option("--kv", kv, "KV cache element format (default bf16; f32 with --reference)")->check(CLI::IsMember({"f32", "bf16"}));
   command.add_flag("--reference", reference, "Run the scalar fp32 reference kernels (the verification path; slow)");
-  command.add_option("--threads", threads, "Worker threads (default: one per core)")->check(CLI::NonNegativeNumber);
+  command.add_option("--threads", threads, "Worker threads (default: one per core)")->check(zero_or_more());
   command.add_option("--tp", tensor_parallel,
                      "Tensor-parallel ranks: threads of this process, or the processes of `mpirun -np N` (default 1)")
       ->check(CLI::Range(1, 256));

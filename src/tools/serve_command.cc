@@ -124,13 +124,13 @@ Action add_serve_command(CLI::App& app) {
   command->add_option("--host", flags->server.host, "Address to listen on");
   command->add_option("--port", flags->server.port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   command->add_option("--parallel", flags->parallel, "Sequences decoded together (KV slots)")->check(CLI::Range(1, 256));
-  command->add_option("--ctx", flags->context_tokens, "Context length of each KV slot")->check(CLI::PositiveNumber);
-  command->add_option("--max-queue", flags->max_queue, "Requests that may wait for a slot; more get 429")->check(CLI::NonNegativeNumber);
+  command->add_option("--ctx", flags->context_tokens, "Context length of each KV slot")->check(at_least_one());
+  command->add_option("--max-queue", flags->max_queue, "Requests that may wait for a slot; more get 429")->check(zero_or_more());
   command->add_option("--api-key", flags->server.api_key, "Require 'Authorization: Bearer KEY' on /v1 routes");
-  command->add_option("--timeout", flags->server.request_timeout_seconds, "Per-request time limit in seconds (0: none)")->check(CLI::NonNegativeNumber);
+  command->add_option("--timeout", flags->server.request_timeout_seconds, "Per-request time limit in seconds (0: none)")->check(zero_or_more());
   command->add_option("--prefill-chunk", flags->prefill_chunk, "Prompt tokens a newcomer adds per step")->check(CLI::Range(1, 8192));
   command->add_option("--alias", flags->alias, "Model name reported by /v1/models (default: the directory name)");
-  command->add_option("--max-body-mb", flags->max_body_mb, "Largest request body accepted")->check(CLI::PositiveNumber);
+  command->add_option("--max-body-mb", flags->max_body_mb, "Largest request body accepted")->check(at_least_one());
   flags->engine.add_to(*command);
   return [flags] { return serve_model(*flags); };
 }

@@ -202,10 +202,10 @@ Action add_verify_command(CLI::App& app) {
   command->add_option("--tp", flags->tensor_parallel, "Tensor-parallel ranks of the fast path, as threads of this process (default 1)");
   command->add_option("--prompts", flags->prompts_file, "Extra prompts, one text per line (raw completions, <bos> added)");
   command->add_option("--expect", flags->expect, "Coherence probe PROMPT=TEXT: the chat answer to PROMPT must contain TEXT (repeatable)");
-  command->add_option("--max-tokens,-n", flags->max_tokens, "Greedy steps compared per prompt")->check(CLI::PositiveNumber);
-  command->add_option("--probe-tokens", flags->probe_tokens, "Most tokens of a probe's answer")->check(CLI::PositiveNumber);
+  command->add_option("--max-tokens,-n", flags->max_tokens, "Greedy steps compared per prompt")->check(at_least_one());
+  command->add_option("--probe-tokens", flags->probe_tokens, "Most tokens of a probe's answer")->check(at_least_one());
   command->add_flag("--no-builtin", flags->no_builtin, "Skip the built-in prompts (only --prompts and --expect)");
-  command->add_option("--threads", flags->threads, "Worker threads (default: one per core)")->check(CLI::NonNegativeNumber);
+  command->add_option("--threads", flags->threads, "Worker threads (default: one per core)")->check(zero_or_more());
   command->add_flag("--json", flags->json, "Print one JSON object with every prompt's comparison and every probe");
   return [flags] { return verify(*flags); };
 }

@@ -157,5 +157,18 @@ TEST(BadInput, MissingModelDirectory) {
   EXPECT_NE(result.err.find("/nonexistent/model"), std::string::npos) << result.err;
 }
 
+// Flag mistakes are user mistakes too: one line naming the flag and the bound, status 1, nothing run.
+TEST(BadInput, FlagOutOfRange) {
+  expect_clear_failure(kSource, {"--max-tokens", "0 or more", "\"-1\"", "gemma4rt run --help"}, {"--max-tokens", "-1"});
+  expect_clear_failure(kSource, {"--ctx", "at least 1", "\"0\""}, {"--ctx", "0"});
+  expect_clear_failure(kSource, {"--temperature", "\"warm\""}, {"--temperature", "warm"});
+  const CommandResult plan = run_gemma4rt({"plan", "--shape", "e2b", "--target", "h200", "--batch", "0"});
+  EXPECT_EQ(plan.exit_code, 1);
+  EXPECT_NE(plan.err.find("gemma4rt: error: --batch: expected a number of at least 1, got \"0\""), std::string::npos) << plan.err;
+  const CommandResult help = run_gemma4rt({"plan", "--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--ctx"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace gemma4rt::testing
