@@ -296,7 +296,11 @@ size_t Transformer::owned_weight_bytes() const {
 
 void Transformer::linear(const float* x, int rows, const Linear& weight, float* y) {
   if (options_.reference) {
-    reference::matmul(x, rows, weight.view, y);
+    // Split by output features: each value is still one thread's double sum, so --threads never changes it.
+    const int64_t out = weight.view.shape[0];
+    pool_.parallel_for(out, kMatmulRowsPerTask, [&](int64_t first, int64_t last) {
+      reference::matmul(x, rows, weight.view, y, first, last);
+    });
     return;
   }
   prepared_.prepare(x, rows, weight.matrix.cols, weight.matrix.format);

@@ -65,6 +65,25 @@ TEST_P(GoldenModel, GreedyTokensAndLogitsMatchReference) {
   }
 }
 
+// The reference splits its matmuls between threads by output feature: the logits must be the same bits
+// with one thread and with three.
+TEST_P(GoldenModel, ReferenceLogitsDoNotDependOnThreads) {
+  auto model = Model::load(kGoldenDir + GetParam());
+  const std::vector<int32_t> prompt = {2, 17, 300, 41, 99, 7, 250};
+  std::vector<std::vector<float>> logits;
+  for (int threads : {1, 3}) {
+    EngineOptions options;
+    options.reference = true;
+    options.context_tokens = 32;
+    options.threads = threads;
+    Transformer transformer(*model, options);
+    const std::span<const float> out = transformer.forward(prompt, 0);
+    logits.emplace_back(out.begin(), out.end());
+  }
+  ASSERT_FALSE(logits[0].empty());
+  EXPECT_EQ(logits[0], logits[1]);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllVariants, GoldenModel,
                          ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
                          testing::string_param_name);

@@ -7,11 +7,13 @@
 
 namespace gemma4rt::reference {
 
-void matmul(const float* x, int64_t rows, const TensorView& weight, float* y) {
+void matmul(const float* x, int64_t rows, const TensorView& weight, float* y) { matmul(x, rows, weight, y, 0, weight.shape[0]); }
+
+void matmul(const float* x, int64_t rows, const TensorView& weight, float* y, int64_t first_out, int64_t last_out) {
   const int64_t out_features = weight.shape[0];
   const int64_t in_features = weight.shape[1];
   std::vector<float> weight_row(static_cast<size_t>(in_features));
-  for (int64_t o = 0; o < out_features; ++o) {
+  for (int64_t o = first_out; o < last_out; ++o) {
     weight.read_floats(o * in_features, in_features, weight_row.data());
     for (int64_t r = 0; r < rows; ++r) {
       const float* input = x + r * in_features;

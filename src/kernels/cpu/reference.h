@@ -11,6 +11,9 @@ namespace gemma4rt::reference {
 
 // y[r, o] = sum_i x[r, i] * w[o, i] for a weight stored [out, in] (PyTorch nn.Linear layout), any dtype.
 void matmul(const float* x, int64_t rows, const TensorView& weight, float* y);
+// The same for output features [first_out, last_out) only: threads splitting the outputs between them
+// compute every value exactly as one thread would.
+void matmul(const float* x, int64_t rows, const TensorView& weight, float* y, int64_t first_out, int64_t last_out);
 
 // out = x / sqrt(mean(x^2) + eps) * weight  (weight may be null: the weightless norm).
 void rms_norm(const float* x, int64_t size, const float* weight, float eps, float* out);
