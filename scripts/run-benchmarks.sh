@@ -7,7 +7,6 @@ cd "$(dirname "$0")/.."
 binary=./build/gemma4rt
 work=${WORK:-/tmp/gemma4rt-bench}
 mkdir -p "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 make_model() {  # shape dir [extra flags]
   [ -f "$work/$2/config.json" ] || "$binary" make-model --shape "$1" --out "$work/$2" --force "${@:3}"
@@ -25,7 +24,7 @@ bench "e2b q8" --model "$work/e2b" --dtype q8 -p 512 -n 64
 bench "e2b bf16 depth 4096" --model "$work/e2b" -p 64 -n 32 -d 4096
 bench "e2b bf16 tp2 in-process" --model "$work/e2b" -p 64 -n 32 --tp 2
 echo "== e2b bf16 tp2 mpi"
-mpirun -np 2 "$binary" bench --model "$work/e2b" -p 64 -n 32 --tp 2 --json 2>&1 | grep -v '^bench:'
+scripts/mpirun.sh -np 2 "$binary" bench --model "$work/e2b" -p 64 -n 32 --tp 2 --json 2>&1 | grep -v '^bench:'
 
 make_model e4b e4b
 bench "e4b bf16 (full size)" --model "$work/e4b" -p 64 -n 16

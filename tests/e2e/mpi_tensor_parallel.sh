@@ -4,8 +4,8 @@
 set -euo pipefail
 binary="$1"
 data="$2"
-# The test machine runs as root and has 2 cores: let OpenMPI run there.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# The project's mpirun wrapper: the test machine runs as root and may have fewer cores than ranks.
+mpirun="$(dirname "$0")/../../scripts/mpirun.sh"
 status=0
 # Ranks are placed the way a multi-machine run places them: from a hostfile (here naming this machine).
 hostfile=$(mktemp)
@@ -14,7 +14,7 @@ echo "localhost slots=2" >"$hostfile"
 for model in tiny-e2b tiny-12b tiny-26b-a4b; do
   args=(run --model "$data/golden/$model" --prompt-ids 2,17,300,41,99 --reference --ignore-eos --max-tokens 16 --json)
   single=$("$binary" "${args[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
-  split=$(timeout 120 mpirun --hostfile "$hostfile" -np 2 "$binary" "${args[@]}" --tp 2 |
+  split=$(timeout 120 "$mpirun" --hostfile "$hostfile" -np 2 "$binary" "${args[@]}" --tp 2 |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
   if [ "$single" = "$split" ]; then
     echo "$model: mpirun -np 2 --tp 2 gives the single-process tokens $single"
@@ -30,7 +30,7 @@ done
 models="$data/../../models"
 serve_and_stop() {  # $1: "mpirun" or "rank0" (who gets SIGTERM); prints the answers and the status
   local port=$((20000 + RANDOM % 20000)) server answer="" long="" rank0
-  mpirun -np 2 "$binary" serve --model "$models/tiny-e2b" --port "$port" --tp 2 --threads 1 >/dev/null 2>&1 &
+  "$mpirun" -np 2 "$binary" serve --model "$models/tiny-e2b" --port "$port" --tp 2 --threads 1 >/dev/null 2>&1 &
   server=$!
   for _ in $(seq 60); do
     if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then
