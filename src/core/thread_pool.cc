@@ -1,5 +1,7 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 namespace gemma4rt {
@@ -13,8 +15,15 @@ inline void cpu_relax() { __builtin_ia32_pause(); }
 
 }  // namespace
 
+int available_cores() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0 && CPU_COUNT(&mask) > 0) return CPU_COUNT(&mask);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = available_cores();
   for (int index = 1; index < threads; ++index) workers_.emplace_back([this, index] { worker_loop(index); });
 }
 

@@ -14,6 +14,10 @@
 
 namespace gemma4rt {
 
+// CPUs this process may run on: its affinity mask (taskset, a container's cpuset, mpirun's binding),
+// not the machine's count.
+int available_cores();
+
 class ThreadPool {
  public:
   explicit ThreadPool(int threads);  // threads <= 0: one per hardware thread

@@ -45,7 +45,7 @@ WeightFormat default_weight_format(const TensorView& sample) {
 // In-process tensor parallelism shares the cores among the ranks.
 int threads_per_rank(const EngineOptions& options) {
   if (options.tensor_parallel <= 1 || options.communicator != nullptr) return options.threads;
-  const int total = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int total = options.threads > 0 ? options.threads : available_cores();
   return std::max(1, total / options.tensor_parallel);
 }
 

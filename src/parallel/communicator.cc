@@ -1,5 +1,6 @@
 #include "parallel/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -77,5 +78,8 @@ int environment_integer(std::initializer_list<const char*> names, int fallback) 
 
 int launched_rank() { return environment_integer({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}, 0); }
 int launched_size() { return environment_integer({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}, 1); }
+int launched_local_size() {
+  return std::max(1, environment_integer({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"}, 1));
+}
 
 }  // namespace gemma4rt::parallel

@@ -49,5 +49,7 @@ bool mpi_available();
 // The rank and size from the environment mpirun gives its processes, or 0 and 1.
 int launched_rank();
 int launched_size();
+// How many of those processes share this machine (1 when not started by mpirun).
+int launched_local_size();
 
 }  // namespace gemma4rt::parallel

@@ -1,16 +1,33 @@
 #include "tools/engine_flags.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "tools/commands.h"
 
 namespace gemma4rt::tools {
+namespace {
+
+// Under mpirun, the processes on one machine share its cores. When mpirun bound each process to its own
+// cores, the affinity mask already says how many are ours; when it did not (oversubscription, or
+// --bind-to none), every process sees them all and takes its share.
+int threads_per_process(int processes_here) {
+  const int mine = available_cores();
+  const int machine = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (mine < machine) return mine;
+  return std::max(1, machine / processes_here);
+}
+
+}  // namespace
 
 void EngineFlags::add_to(CLI::App& command) {
   command.add_option("--dtype", dtype, "Weight format of the fast kernels (default: the checkpoint's own, bf16 for real checkpoints)")
       ->check(CLI::IsMember({"f32", "bf16", "q8"}));
   command.add_option("--kv", kv, "KV cache element format (default bf16; f32 with --reference)")->check(CLI::IsMember({"f32", "bf16"}));
   command.add_flag("--reference", reference, "Run the scalar fp32 reference kernels (the verification path; slow)");
-  command.add_option("--threads", threads, "Worker threads (default: one per core)")->check(zero_or_more());
+  command.add_option("--threads", threads, "Worker threads (default: one per core this process may use; under mpirun, its share of the machine's)")->check(zero_or_more());
   command.add_option("--tp", tensor_parallel,
                      "Tensor-parallel ranks: threads of this process, or the processes of `mpirun -np N` (default 1)")
       ->check(CLI::Range(1, 256));
@@ -30,6 +47,7 @@ EngineOptions EngineFlags::options(std::unique_ptr<parallel::Communicator>* comm
     options.tensor_parallel = tensor_parallel;
   }
   options.threads = threads;
+  if (launched > 1 && threads == 0) options.threads = threads_per_process(parallel::launched_local_size());
   options.reference = reference;
   if (reference && !dtype.empty() && dtype != "f32") fail("--reference computes in f32; it cannot be combined with --dtype {}", dtype);
   if (reference && kv == "bf16") fail("--reference keeps the KV cache in f32; it cannot be combined with --kv bf16");

@@ -12,7 +12,7 @@
 namespace gemma4rt::tools {
 namespace {
 
-CLI::Validator bound_check(double least, const char* words) {
+CLI::Validator bound_check(double least, const char* words, const char* help) {
   return CLI::Validator(
       [least, words](std::string& text) -> std::string {
         double value = 0.0;
@@ -25,18 +25,18 @@ CLI::Validator bound_check(double least, const char* words) {
         if (used == 0 || used != text.size() || !(value >= least)) return fmt::format("expected {}, got \"{}\"", words, text);
         return "";
       },
-      words);
+      help);
 }
 
 }  // namespace
 
 const CLI::Validator& at_least_one() {
-  static const CLI::Validator check = bound_check(1.0, "a number of at least 1");
+  static const CLI::Validator check = bound_check(1.0, "a number of at least 1", ">= 1");
   return check;
 }
 
 const CLI::Validator& zero_or_more() {
-  static const CLI::Validator check = bound_check(0.0, "a number of 0 or more");
+  static const CLI::Validator check = bound_check(0.0, "a number of 0 or more", ">= 0");
   return check;
 }
 

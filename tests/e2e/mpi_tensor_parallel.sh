@@ -24,6 +24,17 @@ for model in tiny-e2b tiny-12b tiny-26b-a4b; do
   fi
 done
 
+# Two processes on this machine must not each start a thread per core: the cores are shared.
+threads=$("$mpirun" -np 2 "$binary" bench --model "$data/golden/tiny-e2b" -p 8 -n 4 --tp 2 --json 2>/dev/null |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["threads"])')
+cores=$(nproc)
+if [ -n "$threads" ] && [ $((threads * 2)) -le $((cores > 2 ? cores : 2)) ]; then
+  echo "bench under mpirun -np 2 on $cores cores: $threads thread(s) per process"
+else
+  echo "bench under mpirun -np 2 on $cores cores: '$threads' threads per process oversubscribes the machine"
+  status=1
+fi
+
 # The server under mpirun: rank 0 answers HTTP, rank 1 mirrors every engine step. SIGTERM drains: a
 # request in flight when the signal arrives still gets every token, whether mpirun forwards the signal or
 # rank 0 gets it directly (then mpirun's own status is 0 too).
@@ -83,5 +94,5 @@ for who in mpirun rank0; do
     status=1
   fi
 done
-if [ $status -eq 0 ]; then echo "5 passed, 0 failed"; else echo "some of 5 failed"; fi
+if [ $status -eq 0 ]; then echo "6 passed, 0 failed"; else echo "some of 6 failed"; fi
 exit $status
