@@ -20,7 +20,7 @@ int available_cores();
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);  // threads <= 0: one per hardware thread
+  explicit ThreadPool(int threads);  // threads <= 0: one per available core
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

@@ -1,0 +1,40 @@
+// The numeric flag checks of every subcommand (declared in tools/commands.h). CLI11's PositiveNumber and
+// NonNegativeNumber answer a bad value with the whole range of a double; these name the bound.
+#include <string>
+
+#include <fmt/format.h>
+
+#include "tools/commands.h"
+
+namespace gemma4rt::tools {
+namespace {
+
+CLI::Validator bound_check(double least, const char* words, const char* help) {
+  return CLI::Validator(
+      [least, words](std::string& text) -> std::string {
+        double value = 0.0;
+        size_t used = 0;
+        try {
+          value = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || !(value >= least)) return fmt::format("expected {}, got \"{}\"", words, text);
+        return "";
+      },
+      help);
+}
+
+}  // namespace
+
+const CLI::Validator& at_least_one() {
+  static const CLI::Validator check = bound_check(1.0, "a number of at least 1", ">= 1");
+  return check;
+}
+
+const CLI::Validator& zero_or_more() {
+  static const CLI::Validator check = bound_check(0.0, "a number of 0 or more", ">= 0");
+  return check;
+}
+
+}  // namespace gemma4rt::tools
