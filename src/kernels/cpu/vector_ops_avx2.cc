@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/head_blocks.h"
 #include "kernels/cpu/vector_ops.h"
 
 namespace gemma4rt::kernels::detail {
@@ -366,17 +367,9 @@ void attention_scores_format(const float* queries, int64_t group, int64_t head_d
                              const int32_t* slots, int64_t count, float* scores) {
   for (int64_t begin = 0; begin < count; begin += kSlotBlock) {
     const int64_t end = smaller(begin + kSlotBlock, count);
-    int64_t h = 0;
-    for (; h + 4 <= group; h += 4) {
-      score_range<4, kBf16>(queries + h * head_dim, head_dim, keys, row_stride, slots, begin, end, scores + h * count, count);
-    }
-    if (h + 2 <= group) {
-      score_range<2, kBf16>(queries + h * head_dim, head_dim, keys, row_stride, slots, begin, end, scores + h * count, count);
-      h += 2;
-    }
-    if (h < group) {
-      score_range<1, kBf16>(queries + h * head_dim, head_dim, keys, row_stride, slots, begin, end, scores + h * count, count);
-    }
+    for_head_blocks<4>(group, [&]<int kHeads>(int64_t h) {
+      score_range<kHeads, kBf16>(queries + h * head_dim, head_dim, keys, row_stride, slots, begin, end, scores + h * count, count);
+    });
   }
 }
 
@@ -451,17 +444,9 @@ void attention_accumulate_format(const float* probabilities, int64_t group, int6
                                  int64_t row_stride, const int32_t* slots, int64_t count, float* out) {
   for (int64_t begin = 0; begin < count; begin += kSlotBlock) {
     const int64_t end = smaller(begin + kSlotBlock, count);
-    int64_t h = 0;
-    for (; h + 4 <= group; h += 4) {
-      accumulate_range<4, kBf16>(probabilities + h * count, count, values, row_stride, slots, begin, end, out + h * head_dim, head_dim);
-    }
-    if (h + 2 <= group) {
-      accumulate_range<2, kBf16>(probabilities + h * count, count, values, row_stride, slots, begin, end, out + h * head_dim, head_dim);
-      h += 2;
-    }
-    if (h < group) {
-      accumulate_range<1, kBf16>(probabilities + h * count, count, values, row_stride, slots, begin, end, out + h * head_dim, head_dim);
-    }
+    for_head_blocks<4>(group, [&]<int kHeads>(int64_t h) {
+      accumulate_range<kHeads, kBf16>(probabilities + h * count, count, values, row_stride, slots, begin, end, out + h * head_dim, head_dim);
+    });
   }
 }
 
