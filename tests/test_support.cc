@@ -117,6 +117,12 @@ void SafetensorsImage::save(const std::filesystem::path& path) const {
   write_text_file(path, bytes + text + data);
 }
 
+void SafetensorsImage::edit(const std::filesystem::path& path, const std::function<void(SafetensorsImage&)>& change) {
+  SafetensorsImage image = load(path);
+  change(image);
+  image.save(path);
+}
+
 void copy_checkpoint(const std::filesystem::path& from, const std::filesystem::path& to) {
   std::filesystem::create_directories(to);
   for (const auto& entry : std::filesystem::directory_iterator(from)) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,8 @@ struct SafetensorsImage {
 
   static SafetensorsImage load(const std::filesystem::path& path);
   void save(const std::filesystem::path& path) const;
+  // Loads the file, lets `change` alter header or bytes, writes it back.
+  static void edit(const std::filesystem::path& path, const std::function<void(SafetensorsImage&)>& change);
 };
 
 // Copies config.json, generation_config.json, tokenizer files and model.safetensors of a checkpoint.

@@ -2,6 +2,8 @@
 // tensor or field, and a non-zero exit; never a crash.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "test_support.h"
 
 namespace gemma4rt::testing {
@@ -26,6 +28,13 @@ void expect_clear_failure(const std::filesystem::path& model_dir, const std::vec
 std::filesystem::path broken_copy(const std::string& name) {
   const auto dir = fresh_work_dir("broken/" + name);
   copy_checkpoint(kSource, dir);
+  return dir;
+}
+
+// A copy whose model.safetensors `edit` has changed.
+std::filesystem::path copy_with_header_edit(const std::string& name, const std::function<void(SafetensorsImage&)>& edit) {
+  const auto dir = broken_copy(name);
+  SafetensorsImage::edit(dir / "model.safetensors", edit);
   return dir;
 }
 
@@ -66,57 +75,51 @@ TEST(BadInput, TruncatedInsideHeader) {
 }
 
 TEST(BadInput, OverlappingOffsets) {
-  const auto dir = broken_copy("overlap");
-  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
-  // Point the final norm at bytes another tensor of the same size already uses.
-  auto& norm = image.header[kPrefix + "norm.weight"];
-  const auto& other = image.header[kPrefix + "layers.0.input_layernorm.weight"];
-  norm["data_offsets"] = other["data_offsets"];
-  image.save(dir / "model.safetensors");
+  const auto dir = copy_with_header_edit("overlap", [](SafetensorsImage& image) {
+    // Point the final norm at bytes another tensor of the same size already uses.
+    auto& norm = image.header[kPrefix + "norm.weight"];
+    const auto& other = image.header[kPrefix + "layers.0.input_layernorm.weight"];
+    norm["data_offsets"] = other["data_offsets"];
+  });
   expect_clear_failure(dir, {"model.safetensors", "overlap", kPrefix + "norm.weight"});
 }
 
 TEST(BadInput, OffsetsPastTheEnd) {
-  const auto dir = broken_copy("past_end");
-  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
-  auto& norm = image.header[kPrefix + "norm.weight"];
-  const uint64_t size = norm["data_offsets"][1].get<uint64_t>() - norm["data_offsets"][0].get<uint64_t>();
-  norm["data_offsets"] = {image.data.size() - size / 2, image.data.size() + size / 2};
-  image.save(dir / "model.safetensors");
+  const auto dir = copy_with_header_edit("past_end", [](SafetensorsImage& image) {
+    auto& norm = image.header[kPrefix + "norm.weight"];
+    const uint64_t size = norm["data_offsets"][1].get<uint64_t>() - norm["data_offsets"][0].get<uint64_t>();
+    norm["data_offsets"] = {image.data.size() - size / 2, image.data.size() + size / 2};
+  });
   expect_clear_failure(dir, {"model.safetensors", kPrefix + "norm.weight", "past the end"});
 }
 
 TEST(BadInput, MissingTensor) {
-  const auto dir = broken_copy("missing_tensor");
-  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
-  image.header.erase(kPrefix + "layers.3.mlp.down_proj.weight");
-  image.save(dir / "model.safetensors");
+  const auto dir = copy_with_header_edit("missing_tensor", [](SafetensorsImage& image) {
+    image.header.erase(kPrefix + "layers.3.mlp.down_proj.weight");
+  });
   expect_clear_failure(dir, {"missing tensor " + kPrefix + "layers.3.mlp.down_proj.weight"});
 }
 
 TEST(BadInput, WrongShape) {
-  const auto dir = broken_copy("wrong_shape");
-  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
-  auto& gate = image.header[kPrefix + "layers.2.mlp.gate_proj.weight"];
-  const auto shape = gate["shape"].get<std::vector<int64_t>>();
-  gate["shape"] = {shape[1], shape[0]};  // same byte count, transposed
-  image.save(dir / "model.safetensors");
+  const auto dir = copy_with_header_edit("wrong_shape", [](SafetensorsImage& image) {
+    auto& gate = image.header[kPrefix + "layers.2.mlp.gate_proj.weight"];
+    const auto shape = gate["shape"].get<std::vector<int64_t>>();
+    gate["shape"] = {shape[1], shape[0]};  // same byte count, transposed
+  });
   expect_clear_failure(dir, {kPrefix + "layers.2.mlp.gate_proj.weight", "shape"});
 }
 
 TEST(BadInput, SizeDisagreesWithShape) {
-  const auto dir = broken_copy("size_mismatch");
-  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
-  image.header[kPrefix + "norm.weight"]["shape"] = {1000};
-  image.save(dir / "model.safetensors");
+  const auto dir = copy_with_header_edit("size_mismatch", [](SafetensorsImage& image) {
+    image.header[kPrefix + "norm.weight"]["shape"] = {1000};
+  });
   expect_clear_failure(dir, {"model.safetensors", kPrefix + "norm.weight", "bytes"});
 }
 
 TEST(BadInput, MissingLayerScalarIsAnErrorNotOne) {
-  const auto dir = broken_copy("missing_layer_scalar");
-  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
-  image.header.erase(kPrefix + "layers.7.layer_scalar");
-  image.save(dir / "model.safetensors");
+  const auto dir = copy_with_header_edit("missing_layer_scalar", [](SafetensorsImage& image) {
+    image.header.erase(kPrefix + "layers.7.layer_scalar");
+  });
   expect_clear_failure(dir, {"missing tensor " + kPrefix + "layers.7.layer_scalar"});
 }
 

@@ -35,13 +35,13 @@ std::vector<std::string> lines_starting_with(const std::string& out, const std::
 std::filesystem::path layer_scalars_set_to_one(const std::string& name) {
   const auto dir = fresh_work_dir("verify/" + name);
   copy_checkpoint(kModels / "tiny-e2b", dir);
-  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
-  for (int layer = 0; layer < 15; ++layer) {
-    const auto& offsets = image.header.at(kPrefix + "layers." + std::to_string(layer) + ".layer_scalar").at("data_offsets");
-    const uint16_t one = 0x3F80;  // bf16 1.0
-    std::memcpy(image.data.data() + offsets[0].get<size_t>(), &one, 2);
-  }
-  image.save(dir / "model.safetensors");
+  SafetensorsImage::edit(dir / "model.safetensors", [](SafetensorsImage& image) {
+    for (int layer = 0; layer < 15; ++layer) {
+      const auto& offsets = image.header.at(kPrefix + "layers." + std::to_string(layer) + ".layer_scalar").at("data_offsets");
+      const uint16_t one = 0x3F80;  // bf16 1.0
+      std::memcpy(image.data.data() + offsets[0].get<size_t>(), &one, 2);
+    }
+  });
   return dir;
 }
 

@@ -113,18 +113,17 @@ TEST(Doctor, PleTensorsRemoved) {
 
 TEST(Doctor, PleTableZeroed) {
   const auto dir = broken_copy("ple_zeroed");
-  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
-  const auto [begin, end] = tensor_bytes(image, kPrefix + "embed_tokens_per_layer.weight");
-  std::fill(image.data.begin() + begin, image.data.begin() + end, '\0');
-  image.save(dir / "model.safetensors");
+  SafetensorsImage::edit(dir / "model.safetensors", [](SafetensorsImage& image) {
+    const auto [begin, end] = tensor_bytes(image, kPrefix + "embed_tokens_per_layer.weight");
+    std::fill(image.data.begin() + begin, image.data.begin() + end, '\0');
+  });
   expect_doctor_failure(dir, "per-layer embeddings", {kPrefix + "embed_tokens_per_layer.weight", "zero"});
 }
 
 TEST(Doctor, LayerScalarRemoved) {
   const auto dir = broken_copy("layer_scalar_removed");
-  SafetensorsImage image = SafetensorsImage::load(dir / "model.safetensors");
-  image.header.erase(kPrefix + "layers.7.layer_scalar");
-  image.save(dir / "model.safetensors");
+  SafetensorsImage::edit(dir / "model.safetensors",
+                         [](SafetensorsImage& image) { image.header.erase(kPrefix + "layers.7.layer_scalar"); });
   const std::string out = expect_doctor_failure(dir, "layer_scalar", {kPrefix + "layers.7.layer_scalar", "1 of 15 layers"});
   EXPECT_EQ(check_line(out, "layer_scalar").find("layers.6."), std::string::npos) << out;
   EXPECT_NE(check_line(out, "tensors").find(kPrefix + "layers.7.layer_scalar"), std::string::npos) << out;
