@@ -37,8 +37,8 @@
 
 #include <benchmark/benchmark.h>
 
-#include "kernels/cpu/isa.h"
-#include "kernels/cpu/matmul.h"
+#include "backend/host/isa.h"
+#include "backend/cpu/kernels/matmul.h"
 
 namespace gemma4rt::kernels {
 namespace {

@@ -21,8 +21,8 @@
 #include <benchmark/benchmark.h>
 
 #include "core/bf16.h"
-#include "kernels/cpu/isa.h"
-#include "kernels/cpu/vector_ops.h"
+#include "backend/host/isa.h"
+#include "backend/cpu/kernels/vector_ops.h"
 
 namespace gemma4rt::kernels {
 namespace {

@@ -8,14 +8,13 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "core/formats.h"
 
 namespace gemma4rt {
 
 // kQ8: symmetric int8 with one float scale per 32 consecutive values of a row (the last dimension),
 // as written by `gemma4rt quantize`.
 enum class DType { kF32, kBF16, kF16, kQ8 };
-
-inline constexpr int64_t kQ8BlockValues = 32;
 
 inline size_t dtype_size_bytes(DType dtype) {
   switch (dtype) {

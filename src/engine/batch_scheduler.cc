@@ -190,7 +190,19 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
   // Logit rows must be increasing: decode rows come first, then prompt ends in row order.
   const auto start = std::chrono::steady_clock::now();
   if (options_.before_forward) options_.before_forward(rows_, logit_rows_);
-  transformer_.forward(rows_, logit_rows_, logits_.data(), /*apply_softcap=*/true);
+  // A step whose every sampled row decodes greedily, without logprobs or penalties, needs only the argmax
+  // ids back from the device; any other row needs the softcapped logits.
+  const bool argmax_only = std::all_of(sampled.begin(), sampled.end(), [](const Sequence* sequence) {
+    const SequenceRequest& request = sequence->request;
+    return sequence->sampler->options().greedy() && request.top_logprobs < 0 && request.presence_penalty == 0.0f &&
+           request.frequency_penalty == 0.0f;
+  });
+  if (argmax_only) {
+    greedy_ids_.resize(logit_rows_.size());
+    transformer_.forward_greedy(rows_, logit_rows_, greedy_ids_.data());
+  } else {
+    transformer_.forward(rows_, logit_rows_, logits_.data());
+  }
   // The rows are in the cache now: each decode row advanced its sequence by one position.
   for (Sequence* sequence : decoding) ++sequence->position;
   for (auto& [sequence, take] : prefilled) {
@@ -232,7 +244,7 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
         logits[token] -= request.presence_penalty + request.frequency_penalty * static_cast<float>(count);
       }
     }
-    const int32_t token = sequence.sampler->sample(std::span<const float>(logits, vocab));
+    const int32_t token = argmax_only ? greedy_ids_[index] : sequence.sampler->sample(std::span<const float>(logits, vocab));
     if (event.logprob) {
       // Recover log p(token) from the unpenalised value: penalties only touched generated tokens.
       float raw = logits[token];

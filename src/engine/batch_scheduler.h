@@ -111,6 +111,7 @@ class BatchScheduler {
   std::atomic<double> recent_tokens_per_second_{0.0};
   std::thread engine_thread_;
   std::vector<float> logits_;
+  std::vector<int32_t> greedy_ids_;
   std::vector<BatchRow> rows_;
   std::vector<int> logit_rows_;
 };

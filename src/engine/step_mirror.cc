@@ -38,7 +38,7 @@ void follow_steps(parallel::Communicator& communicator, Transformer& transformer
     communicator.broadcast(rows.data(), rows.size() * sizeof(BatchRow), 0);
     communicator.broadcast(logit_rows.data(), logit_rows.size() * sizeof(int), 0);
     logits.resize(logit_rows.size() * static_cast<size_t>(transformer.config().vocab_size));
-    transformer.forward(rows, logit_rows, logits.data(), /*apply_softcap=*/true);
+    transformer.forward(rows, logit_rows, logits.data());
   }
 }
 

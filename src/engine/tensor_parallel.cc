@@ -4,12 +4,6 @@
 #include "parallel/shard_plan.h"
 
 namespace gemma4rt {
-namespace {
-
-Slice to_slice(const parallel::Range& range) { return {static_cast<int>(range.first), static_cast<int>(range.count)}; }
-
-}  // namespace
-
 // The shard plan decides who holds what; this only converts one rank's view of it.
 RankPartition partition_for_rank(const ModelConfig& config, int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size) fail("rank {} of {} does not exist", rank, size);
@@ -19,14 +13,14 @@ RankPartition partition_for_rank(const ModelConfig& config, int rank, int size) 
   partition.size = size;
   for (int index = 0; index < config.num_layers; ++index) {
     LayerPartition part;
-    part.query_heads = to_slice(plan.q_heads(index, rank));
-    part.kv_heads = to_slice(plan.kv_heads(index, rank));
+    part.query_heads = plan.q_heads(index, rank);
+    part.kv_heads = plan.kv_heads(index, rank);
     part.kv_replicated = plan.layer(index).kv_replicated;
-    part.mlp_rows = to_slice(plan.mlp_rows(index, rank));
-    part.experts = to_slice(plan.experts(index, rank));
+    part.mlp_rows = plan.mlp_rows(index, rank);
+    part.experts = plan.experts(index, rank);
     partition.layers.push_back(part);
   }
-  partition.vocab_rows = to_slice(plan.vocab_rows(rank));
+  partition.vocab_rows = plan.vocab_rows(rank);
   for (int other = 0; other < size; ++other) partition.vocab_counts.push_back(static_cast<size_t>(plan.vocab_rows(other).count));
   return partition;
 }

@@ -4,29 +4,24 @@
 
 #include <vector>
 
+#include "core/range.h"
 #include "model/config.h"
 
 namespace gemma4rt {
 
-struct Slice {
-  int first = 0;
-  int count = 0;
-  int end() const { return first + count; }
-};
-
 struct LayerPartition {
-  Slice query_heads;
-  Slice kv_heads;
+  Range query_heads;
+  Range kv_heads;
   bool kv_replicated = false;
-  Slice mlp_rows;
-  Slice experts;
+  Range mlp_rows;
+  Range experts;
 };
 
 struct RankPartition {
   int rank = 0;
   int size = 1;
   std::vector<LayerPartition> layers;
-  Slice vocab_rows;
+  Range vocab_rows;
   std::vector<size_t> vocab_counts;   // every rank's vocabulary rows, for gathering logits
 };
 

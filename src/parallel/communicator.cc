@@ -32,7 +32,7 @@ class InProcessCommunicator : public Communicator {
     communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
-  void all_gather(const float* send, const std::vector<size_t>& counts, float* out) override {
+  void all_gather(const float* send, std::span<const size_t> counts, float* out) override {
     const auto start = std::chrono::steady_clock::now();
     group_.sources_[rank_] = send;
     group_.barrier_.arrive_and_wait();

@@ -7,6 +7,7 @@
 #include <barrier>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <vector>
 
 namespace gemma4rt::parallel {
@@ -19,7 +20,7 @@ class Communicator {
   // data[i] = sum over ranks of data[i], in rank order.
   virtual void all_reduce_sum(float* data, size_t count) = 0;
   // Concatenates every rank's `counts[rank]` floats into `out` (rank 0 first).
-  virtual void all_gather(const float* send, const std::vector<size_t>& counts, float* out) = 0;
+  virtual void all_gather(const float* send, std::span<const size_t> counts, float* out) = 0;
   // Copies root's bytes to every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // Seconds spent inside collectives, for the communication-time figure of the benchmarks.

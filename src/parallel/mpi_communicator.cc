@@ -43,7 +43,7 @@ class MpiCommunicator : public Communicator {
     communication_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
-  void all_gather(const float* send, const std::vector<size_t>& counts, float* out) override {
+  void all_gather(const float* send, std::span<const size_t> counts, float* out) override {
     const auto start = std::chrono::steady_clock::now();
     std::vector<int> receive_counts(size_), displacements(size_);
     int offset = 0;

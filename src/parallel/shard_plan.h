@@ -31,19 +31,10 @@
 #include <string>
 #include <vector>
 
+#include "core/range.h"
 #include "model/config.h"
 
 namespace gemma4rt::parallel {
-
-// Half-open [first, first + count) of heads, rows, experts or vocabulary ids.
-struct Range {
-  int64_t first = 0;
-  int64_t count = 0;
-
-  int64_t end() const { return first + count; }
-  bool contains(int64_t index) const { return index >= first && index < end(); }
-  bool operator==(const Range&) const = default;
-};
 
 // How one decoder layer is divided. Counts are per rank; every rank holds the same counts.
 struct LayerShard {

@@ -7,7 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint_checks.h"
+#include "backend/registry.h"
+#include "diagnostics/checkpoint_checks.h"
 #include "tools/commands.h"
 
 namespace gemma4rt::tools {
@@ -18,6 +19,8 @@ struct DoctorFlags {
   bool json = false;
   bool no_forward = false;
   int threads = 0;
+  std::string backend = "cpu";
+  bool reference = false;
 };
 
 std::string lower(std::string text) {
@@ -29,6 +32,7 @@ int doctor(const DoctorFlags& flags) {
   DoctorOptions options;
   options.run_forward = !flags.no_forward;
   options.threads = flags.threads;
+  options.backend = flags.reference ? "reference" : flags.backend;
   const DoctorReport report = run_checkpoint_checks(flags.model_dir, options);
 
   if (flags.json) {
@@ -59,6 +63,8 @@ Action add_doctor_command(CLI::App& app) {
   command->add_flag("--no-forward", flags->no_forward, "Skip the one-token forward pass (the only check that computes)");
   command->add_option("--threads", flags->threads, "Worker threads for the forward check (default: one per core)")
       ->check(zero_or_more());
+  command->add_option("--backend", flags->backend, "Where the forward check runs (default cpu)")->check(CLI::IsMember(backend::backend_names()));
+  command->add_flag("--reference", flags->reference, "The same as --backend reference");
   return [flags] { return doctor(*flags); };
 }
 

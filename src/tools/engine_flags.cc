@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "tools/commands.h"
@@ -23,10 +24,12 @@ int threads_per_process(int processes_here) {
 }  // namespace
 
 void EngineFlags::add_to(CLI::App& command) {
-  command.add_option("--dtype", dtype, "Weight format of the fast kernels (default: the checkpoint's own, bf16 for real checkpoints)")
+  command.add_option("--backend", backend, "Where the forward pass runs: cpu (SIMD kernels, the default) or reference (scalar fp32, the verification path; slow)")
+      ->check(CLI::IsMember(backend::backend_names()));
+  command.add_option("--dtype", dtype, "Weight format (default: the checkpoint's own, bf16 for real checkpoints; f32 on the reference backend)")
       ->check(CLI::IsMember({"f32", "bf16", "q8"}));
-  command.add_option("--kv", kv, "KV cache element format (default bf16; f32 with --reference)")->check(CLI::IsMember({"f32", "bf16"}));
-  command.add_flag("--reference", reference, "Run the scalar fp32 reference kernels (the verification path; slow)");
+  command.add_option("--kv", kv, "KV cache element format (default bf16; f32 on the reference backend)")->check(CLI::IsMember({"f32", "bf16"}));
+  command.add_flag("--reference", reference, "The same as --backend reference");
   command.add_option("--threads", threads, "Worker threads (default: one per core this process may use; under mpirun, its share of the machine's)")->check(zero_or_more());
   command.add_option("--tp", tensor_parallel,
                      "Tensor-parallel ranks: threads of this process, or the processes of `mpirun -np N` (default 1)")
@@ -48,16 +51,12 @@ EngineOptions EngineFlags::options(std::unique_ptr<parallel::Communicator>* comm
   }
   options.threads = threads;
   if (launched > 1 && threads == 0) options.threads = threads_per_process(parallel::launched_local_size());
-  options.reference = reference;
-  if (reference && !dtype.empty() && dtype != "f32") fail("--reference computes in f32; it cannot be combined with --dtype {}", dtype);
-  if (reference && kv == "bf16") fail("--reference keeps the KV cache in f32; it cannot be combined with --kv bf16");
-  if (!reference) {
-    if (dtype == "f32") options.weight_format = WeightFormat::kF32;
-    if (dtype == "bf16") options.weight_format = WeightFormat::kBF16;
-    if (dtype == "q8") options.weight_format = WeightFormat::kQ8;
-  }
-  if (kv == "f32") options.kv_format = KvFormat::kF32;
-  if (kv == "bf16") options.kv_format = KvFormat::kBF16;
+  options.backend = reference ? "reference" : backend;
+  if (reference && backend != "cpu" && backend != "reference") fail("--reference is --backend reference; it cannot be combined with --backend {}", backend);
+  if (options.backend == "reference" && !dtype.empty() && dtype != "f32") fail("--backend reference computes in f32; it cannot be combined with --dtype {}", dtype);
+  if (options.backend == "reference" && kv == "bf16") fail("--backend reference keeps the KV cache in f32; it cannot be combined with --kv bf16");
+  if (!dtype.empty()) options.weight_format = parse_weight_format(dtype);
+  if (!kv.empty()) options.kv_format = parse_kv_format(kv);
   return options;
 }
 

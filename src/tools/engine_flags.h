@@ -1,4 +1,4 @@
-// The engine flags every model-running subcommand shares: --dtype, --reference, --threads, --kv.
+// The engine flags every model-running subcommand shares: --backend (--reference), --dtype, --kv, --threads, --tp.
 #pragma once
 
 #include <string>
@@ -12,7 +12,8 @@ namespace gemma4rt::tools {
 struct EngineFlags {
   std::string dtype;      // "", "f32", "bf16", "q8"
   std::string kv;         // "", "f32", "bf16"
-  bool reference = false;
+  std::string backend = "cpu";
+  bool reference = false;  // --reference: the same as --backend reference
   int threads = 0;
   int tensor_parallel = 1;
 

@@ -11,14 +11,14 @@
 
 #include "core/error.h"
 #include "model/model_shapes.h"
-#include "parallel/deployment_plan.h"
+#include "planning/deployment_plan.h"
 #include "parallel/shard_plan.h"
 #include "tools/commands.h"
 
 namespace gemma4rt::tools {
 namespace {
 
-using parallel::DeploymentPlan;
+using planning::DeploymentPlan;
 using parallel::LayerShard;
 using parallel::ShardPlan;
 
@@ -39,8 +39,8 @@ std::string gb(int64_t bytes) { return fmt::format("{:.2f} GB", static_cast<doub
 std::string capacity(int64_t bytes) { return fmt::format("{:g} GiB", static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30)); }
 
 void print_shards(const ShardPlan& plan, const std::string& model) {
-  const parallel::Range first = plan.vocab_rows(0);
-  const parallel::Range last = plan.vocab_rows(plan.tp() - 1);
+  const Range first = plan.vocab_rows(0);
+  const Range last = plan.vocab_rows(plan.tp() - 1);
   fmt::print("shard plan: {} at TP={}; LM head split by vocabulary: {} rows on rank 0 ... {} on rank {} (argmax / logits gathered)\n",
              model, plan.tp(), first.count, last.count, plan.tp() - 1);
   fmt::print("embeddings and PLE: gathered on the host; q/gate/up column-parallel, o/down row-parallel + all-reduce\n\n");
@@ -58,20 +58,20 @@ void print_shards(const ShardPlan& plan, const std::string& model) {
 }
 
 void print_deployment(const DeploymentPlan& plan) {
-  const parallel::Target& target = plan.target;
+  const planning::Target& target = plan.target;
   fmt::print("gemma4rt plan: {} ({:.2f} B parameters, every one counted) on {}\n", plan.model,
              static_cast<double>(plan.parameter_count) / 1e9, target.name);
   fmt::print("  target: {}; usable per rank {} ({:.0f}%){}\n", target.description, gb(target.usable_per_rank_bytes()),
              target.usable_fraction * 100.0, target.host_memory_bytes ? fmt::format(", host {}", capacity(*target.host_memory_bytes)) : "");
   fmt::print("  weights {}, KV cache {}, context {} tokens, batch {}, prefill chunk {} tokens\n",
-             parallel::weight_dtype_name(plan.options.dtype), plan.options.dtype == parallel::WeightDtype::kF32 ? "f32" : "bf16",
+             format_name(plan.options.dtype), plan.options.dtype == WeightFormat::kF32 ? "f32" : "bf16",
              plan.options.context_tokens, plan.options.batch, plan.options.prefill_chunk_tokens);
-  if (target.kind != parallel::TargetKind::kCpu) {
+  if (target.kind != planning::TargetKind::kCpu) {
     fmt::print("  host-side: token embedding and PLE tables, {}, gathered per token from the mmap\n", gb(plan.host_table_bytes));
   }
   fmt::print("\n{:>4}  {:>15}  {:>10}  {:>13}  {:>10}  {:>12}  {:>11}  {:>12}  {}\n", "TP", "decoder layers", "LM head",
              "weights/rank", "KV cache", "activations", "total/rank", "max context", "fits");
-  for (const parallel::RankMemory& memory : plan.by_tp) {
+  for (const planning::RankMemory& memory : plan.by_tp) {
     std::string verdict = memory.fits ? "yes" : "no";
     if (!memory.within_target) verdict += fmt::format(" (more than the target's {})", target.ranks);
     const std::string longest = memory.max_context_tokens ? fmt::format("{}", *memory.max_context_tokens) : "-";
@@ -95,7 +95,7 @@ void print_deployment(const DeploymentPlan& plan) {
     fmt::print("on-chip buffer ({} partitions x {} B) at TP={}: {}\n", target.on_chip_buffer->partitions,
                target.on_chip_buffer->bytes_per_partition, plan.tp,
                plan.on_chip_issues.empty() ? "every op checked fits" : "ops that do not fit, and what works instead");
-    for (const parallel::OnChipIssue& issue : plan.on_chip_issues) {
+    for (const planning::OnChipIssue& issue : plan.on_chip_issues) {
       fmt::print("  {}: {} > {} B\n    remedy: {}\n", issue.op, issue.detail, issue.limit_bytes_per_partition, issue.remedy);
     }
   }
@@ -133,18 +133,18 @@ int plan(const PlanFlags& flags) {
   nlohmann::json result;
   std::optional<DeploymentPlan> deployment;
   if (!flags.target.empty()) {
-    parallel::PlanOptions options;
-    options.dtype = parallel::parse_weight_dtype(flags.dtype);
+    planning::PlanOptions options;
+    options.dtype = planning::parse_weight_dtype(flags.dtype);
     options.context_tokens = context_tokens(flags.context, config);
     options.batch = flags.batch;
     options.tp = flags.tp;
-    deployment = parallel::make_deployment_plan(config, model_name, parallel::parse_target(flags.target), options);
-    result = parallel::to_json(*deployment);
+    deployment = planning::make_deployment_plan(config, model_name, planning::parse_target(flags.target), options);
+    result = planning::to_json(*deployment);
   }
   std::optional<ShardPlan> shards;
   if (flags.show_shards) {
     shards = parallel::make_shard_plan(config, flags.tp.value_or(deployment ? deployment->tp : 1));
-    if (flags.json) result["shards"] = parallel::to_json(*shards);
+    if (flags.json) result["shards"] = planning::to_json(*shards);
   }
 
   if (flags.json) {
@@ -167,7 +167,7 @@ Action add_plan_command(CLI::App& app) {
   std::string shapes;
   for (const std::string& shape : known_model_shapes()) shapes += (shapes.empty() ? "" : "|") + shape;
   std::string targets;
-  for (const parallel::Target& target : parallel::known_targets()) targets += target.name + ", ";
+  for (const planning::Target& target : planning::known_targets()) targets += target.name + ", ";
   targets += "cpu:<GiB>";
   CLI::App* command = app.add_subcommand("plan", "Bytes per tensor-parallel rank on a target, what fits, and the shard plan");
   auto* model = command->add_option("--model", flags->model_dir, "Checkpoint directory (its config.json is all that is read)");

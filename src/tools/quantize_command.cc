@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "core/progress.h"
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/kernels/matmul.h"
 #include "model/weights.h"
 #include "tools/commands.h"
 

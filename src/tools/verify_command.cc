@@ -11,8 +11,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/registry.h"
 #include "core/error.h"
-#include "engine/verifier.h"
+#include "diagnostics/verifier.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"
 #include "tools/commands.h"
@@ -21,6 +22,7 @@ namespace gemma4rt::tools {
 namespace {
 
 struct VerifyFlags {
+  std::string backend = "cpu";
   std::string model_dir;
   std::string dtype;  // "", "f32", "bf16", "q8"
   std::string kv;     // "", "f32", "bf16"
@@ -112,7 +114,7 @@ nlohmann::json to_json(const VerifyReport& report, const std::string& model_dir)
   }
   return {
       {"model", model_dir},
-      {"fast_path", {{"weights", report.fast_weights}, {"kv", report.fast_kv}, {"tp", report.tensor_parallel}}},
+      {"fast_path", {{"backend", report.backend}, {"weights", report.fast_weights}, {"kv", report.fast_kv}, {"tp", report.tensor_parallel}}},
       {"tolerance",
        {{"name", report.tolerance.name},
         // Unbounded limits are null: JSON has no infinity.
@@ -135,11 +137,9 @@ int verify(const VerifyFlags& flags) {
   }
   VerifyOptions options;
   options.tensor_parallel = flags.tensor_parallel;
-  if (flags.dtype == "f32") options.weight_format = WeightFormat::kF32;
-  if (flags.dtype == "bf16") options.weight_format = WeightFormat::kBF16;
-  if (flags.dtype == "q8") options.weight_format = WeightFormat::kQ8;
-  if (flags.kv == "f32") options.kv_format = KvFormat::kF32;
-  if (flags.kv == "bf16") options.kv_format = KvFormat::kBF16;
+  options.backend = flags.backend;
+  if (!flags.dtype.empty()) options.weight_format = parse_weight_format(flags.dtype);
+  if (!flags.kv.empty()) options.kv_format = parse_kv_format(flags.kv);
   options.threads = flags.threads;
   options.steps = flags.max_tokens;
   options.probe_tokens = flags.probe_tokens;
@@ -154,8 +154,8 @@ int verify(const VerifyFlags& flags) {
   VerifyObserver observer;
   if (!flags.json) {
     observer.on_start = [&](const VerifyReport& report) {
-      fmt::print("verify: {}: fast path ({} weights, {} KV cache{}) against the fp32 reference path\n", flags.model_dir,
-                 report.fast_weights, report.fast_kv,
+      fmt::print("verify: {}: {} backend ({} weights, {} KV cache{}) against the fp32 reference backend\n", flags.model_dir,
+                 report.backend, report.fast_weights, report.fast_kv,
                  report.tensor_parallel > 1 ? fmt::format(", {} tensor-parallel ranks", report.tensor_parallel) : "");
       fmt::print("tolerance {}\n", report.tolerance.description);
       fmt::print(
@@ -196,6 +196,7 @@ Action add_verify_command(CLI::App& app) {
   auto flags = std::make_shared<VerifyFlags>();
   CLI::App* command = app.add_subcommand("verify", "Compare the fast path with the fp32 reference path and run coherence probes");
   command->add_option("--model", flags->model_dir, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
+  command->add_option("--backend", flags->backend, "The backend under test (default cpu)")->check(CLI::IsMember(backend::backend_names()));
   command->add_option("--dtype", flags->dtype, "Weight format of the fast path under test (default: the checkpoint's own)")
       ->check(CLI::IsMember({"f32", "bf16", "q8"}));
   command->add_option("--kv", flags->kv, "KV cache format of the fast path (default bf16)")->check(CLI::IsMember({"f32", "bf16"}));

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "engine/verifier.h"
+#include "diagnostics/verifier.h"
 #include "model/weights.h"
 #include "test_support.h"
 
@@ -226,7 +226,7 @@ TEST(VerifyLibrary, TolerancePerFormat) {
 TEST(VerifyLibrary, ReferenceAgainstItselfIsExact) {
   auto model = Model::load(kGolden / "tiny-e4b");
   EngineOptions options;
-  options.reference = true;
+  options.backend = "reference";
   options.context_tokens = 64;
   Transformer first(*model, options);
   Transformer second(*model, options);

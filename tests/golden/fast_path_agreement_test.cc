@@ -11,7 +11,7 @@
 
 #include "engine/generator.h"
 #include "engine/transformer.h"
-#include "kernels/cpu/isa.h"
+#include "backend/host/isa.h"
 #include "test_support.h"
 
 namespace gemma4rt {
@@ -57,7 +57,7 @@ Agreement measure(const Model& model, const nlohmann::json& prompt, const Engine
   return agreement;
 }
 
-EngineOptions fast_options(kernels::WeightFormat format) {
+EngineOptions fast_options(WeightFormat format) {
   EngineOptions options;
   options.context_tokens = 128;
   options.max_chunk_tokens = 16;
@@ -69,7 +69,7 @@ TEST(FastPathAgreement, F32WeightsKeepTheFp32Bar) {
   for (const auto& name : kModels) {
     auto model = Model::load(kGoldenDir + name);
     const nlohmann::json golden = testing::read_json_file(kGoldenDir + name + "/golden.json");
-    EngineOptions options = fast_options(kernels::WeightFormat::kF32);
+    EngineOptions options = fast_options(WeightFormat::kF32);
     options.kv_format = KvFormat::kF32;
     for (const auto& prompt : golden["prompts"]) {
       SCOPED_TRACE(name + " " + prompt["name"].get<std::string>());
@@ -84,10 +84,10 @@ TEST(FastPathAgreement, F32WeightsKeepTheFp32Bar) {
 // bf16 and 147 for q8 when the kernels were written (2026-11-29; the random tiny models have small
 // top-2 margins, so rounding the operands flips tokens early). The bound keeps that level, with room for
 // a handful of tokens moving when kernels change their summation order.
-const std::map<kernels::WeightFormat, int> kMinimumAgreement = {{kernels::WeightFormat::kBF16, 280}, {kernels::WeightFormat::kQ8, 135}};
+const std::map<WeightFormat, int> kMinimumAgreement = {{WeightFormat::kBF16, 280}, {WeightFormat::kQ8, 135}};
 
 TEST(FastPathAgreement, Bf16AndQ8AgreeAsMeasured) {
-  for (auto format : {kernels::WeightFormat::kBF16, kernels::WeightFormat::kQ8}) {
+  for (auto format : {WeightFormat::kBF16, WeightFormat::kQ8}) {
     int agreeing_steps = 0;
     for (const auto& name : kModels) {
       auto model = Model::load(kGoldenDir + name);
@@ -95,11 +95,11 @@ TEST(FastPathAgreement, Bf16AndQ8AgreeAsMeasured) {
       for (const auto& prompt : golden["prompts"]) {
         const Agreement agreement = measure(*model, prompt, fast_options(format));
         agreeing_steps += agreement.first_divergence;
-        std::printf("agreement %s %s %s: first divergence %d, max logit diff %.4f\n", weight_format_name(format), name.c_str(),
+        std::printf("agreement %s %s %s: first divergence %d, max logit diff %.4f\n", format_name(format), name.c_str(),
                     prompt["name"].get<std::string>().c_str(), agreement.first_divergence, agreement.max_logit_difference);
       }
     }
-    EXPECT_GE(agreeing_steps, kMinimumAgreement.at(format)) << weight_format_name(format) << ": greedy steps agreeing with the reference";
+    EXPECT_GE(agreeing_steps, kMinimumAgreement.at(format)) << format_name(format) << ": greedy steps agreeing with the reference";
   }
 }
 
@@ -111,7 +111,7 @@ namespace {
 
 // The trained coherence models answer every listed prompt exactly in bf16 and in q8 too: HF computing in
 // bf16 does (models/README.md), so a fast path that does not is suspect whatever else it agrees with.
-class FastPathCoherence : public ::testing::TestWithParam<std::tuple<std::string, kernels::WeightFormat>> {};
+class FastPathCoherence : public ::testing::TestWithParam<std::tuple<std::string, WeightFormat>> {};
 
 TEST_P(FastPathCoherence, AnswersEveryPrompt) {
   const auto& [name, format] = GetParam();
@@ -138,9 +138,9 @@ TEST_P(FastPathCoherence, AnswersEveryPrompt) {
 
 INSTANTIATE_TEST_SUITE_P(TrainedModels, FastPathCoherence,
                          ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
-                                            ::testing::Values(kernels::WeightFormat::kBF16, kernels::WeightFormat::kQ8)),
+                                            ::testing::Values(WeightFormat::kBF16, WeightFormat::kQ8)),
                          [](const auto& info) {
-                           return testing::test_identifier(std::get<0>(info.param) + "_" + weight_format_name(std::get<1>(info.param)));
+                           return testing::test_identifier(std::get<0>(info.param) + "_" + format_name(std::get<1>(info.param)));
                          });
 
 }  // namespace

@@ -39,7 +39,7 @@ TEST_P(GoldenModel, GreedyTokensAndLogitsMatchReference) {
     const auto input_ids = prompt["input_ids"].get<std::vector<int32_t>>();
     const auto expected_tokens = prompt["greedy"]["tokens"].get<std::vector<int32_t>>();
     EngineOptions options;
-    options.reference = true;
+    options.backend = "reference";
     options.context_tokens = 128;
     options.max_chunk_tokens = 16;  // smaller than the 20- and 40-token prompts: chunked prefill is exercised
     Transformer transformer(*model, options);
@@ -73,7 +73,7 @@ TEST_P(GoldenModel, ReferenceLogitsDoNotDependOnThreads) {
   std::vector<std::vector<float>> logits;
   for (int threads : {1, 3}) {
     EngineOptions options;
-    options.reference = true;
+    options.backend = "reference";
     options.context_tokens = 32;
     options.threads = threads;
     Transformer transformer(*model, options);

@@ -22,7 +22,7 @@ struct GreedyRun {
 
 GreedyRun greedy(const Model& model, const std::vector<int32_t>& prompt, int steps, int tensor_parallel) {
   EngineOptions options;
-  options.reference = true;
+  options.backend = "reference";
   options.context_tokens = 128;
   options.max_chunk_tokens = 16;
   options.tensor_parallel = tensor_parallel;
@@ -70,7 +70,7 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, TensorParallel,
 TEST(TensorParallelErrors, DegreeMustDivideTheHeads) {
   auto model = Model::load(kGoldenDir + "tiny-e2b");
   EngineOptions options;
-  options.reference = true;
+  options.backend = "reference";
   options.context_tokens = 16;
   options.tensor_parallel = 3;
   try {

@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "model/checkpoint_checks.h"
+#include "diagnostics/checkpoint_checks.h"
 #include "model/model_shapes.h"
 #include "test_support.h"
 

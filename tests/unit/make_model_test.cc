@@ -396,7 +396,7 @@ TEST_P(CheckpointWriterShapes, ForwardPassGivesModerateFiniteLogits) {
   auto model = Model::load(dir);
   EngineOptions engine_options;
   engine_options.context_tokens = 64;
-  engine_options.reference = true;
+  engine_options.backend = "reference";
   engine_options.threads = 1;
   Transformer transformer(*model, engine_options);
   const std::vector<int32_t> tokens = {2, 100, 200, 300, 17};

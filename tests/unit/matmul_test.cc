@@ -18,8 +18,8 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
-#include "kernels/cpu/isa.h"
-#include "kernels/cpu/matmul.h"
+#include "backend/host/isa.h"
+#include "backend/cpu/kernels/matmul.h"
 
 namespace gemma4rt::kernels {
 namespace {
@@ -41,10 +41,6 @@ class IsaGuard {
  private:
   Isa saved_;
 };
-
-const char* format_name(WeightFormat format) {
-  return format == WeightFormat::kF32 ? "f32" : format == WeightFormat::kBF16 ? "bf16" : "q8";
-}
 
 std::vector<float> random_floats(std::mt19937& rng, size_t count, float scale = 1.0f) {
   std::normal_distribution<float> normal(0.0f, scale);
@@ -91,7 +87,7 @@ TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t k = 0; k < cols; ++k) {
           weights.effective[r * cols + k] =
-              static_cast<double>(weights.q8[r * cols + k]) * weights.scales[r * blocks + k / kQ8BlockSize];
+              static_cast<double>(weights.q8[r * cols + k]) * weights.scales[r * blocks + k / kQ8BlockValues];
         }
       }
       weights.matrix.values = weights.q8.data();
@@ -115,7 +111,7 @@ std::vector<double> effective_activations(const PreparedActivations& prepared) {
         case WeightFormat::kBF16: values[t * cols + k] = bf16_to_float(prepared.bf16_values()[at]); break;
         case WeightFormat::kQ8:
           values[t * cols + k] = static_cast<double>(prepared.q8_values()[at]) *
-                                 prepared.q8_scales()[t * (stride / kQ8BlockSize) + k / kQ8BlockSize];
+                                 prepared.q8_scales()[t * (stride / kQ8BlockValues) + k / kQ8BlockValues];
           break;
       }
     }
@@ -139,7 +135,7 @@ void expect_prepared_matches_scalar(const std::vector<float>& x, int64_t tokens,
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t k = 0; k < cols; ++k) ASSERT_EQ(prepared.q8_values()[t * stride + k], values[t * cols + k]);
       for (int64_t b = 0; b < q8_blocks_per_row(cols); ++b) {
-        ASSERT_EQ(prepared.q8_scales()[t * (stride / kQ8BlockSize) + b], scales[t * q8_blocks_per_row(cols) + b]);
+        ASSERT_EQ(prepared.q8_scales()[t * (stride / kQ8BlockValues) + b], scales[t * q8_blocks_per_row(cols) + b]);
       }
     }
   } else if (prepared.format() == WeightFormat::kBF16) {
@@ -281,7 +277,7 @@ TEST(Matmul, QuantizeRoundTripWithinHalfAStep) {
   quantize_q8(source.data(), rows, cols, scalar_values.data(), scalar_scales.data());
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t k = 0; k < cols; ++k) {
-      const float scale = scalar_scales[r * blocks + k / kQ8BlockSize];
+      const float scale = scalar_scales[r * blocks + k / kQ8BlockValues];
       const int value = scalar_values[r * cols + k];
       ASSERT_LE(std::abs(value), 127);
       const double error = std::fabs(static_cast<double>(source[r * cols + k]) - static_cast<double>(value) * scale);
@@ -289,7 +285,7 @@ TEST(Matmul, QuantizeRoundTripWithinHalfAStep) {
     }
     for (int64_t b = 0; b < blocks; ++b) {  // the largest magnitude maps to +-127 exactly
       int largest = 0;
-      for (int64_t k = b * kQ8BlockSize; k < std::min(cols, (b + 1) * kQ8BlockSize); ++k) {
+      for (int64_t k = b * kQ8BlockValues; k < std::min(cols, (b + 1) * kQ8BlockValues); ++k) {
         largest = std::max(largest, std::abs(static_cast<int>(scalar_values[r * cols + k])));
       }
       ASSERT_EQ(largest, 127);

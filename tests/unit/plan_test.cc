@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "model/model_shapes.h"
-#include "parallel/deployment_plan.h"
+#include "planning/deployment_plan.h"
 #include "parallel/shard_plan.h"
 #include "test_support.h"
 
@@ -18,19 +18,17 @@ namespace gemma4rt {
 namespace {
 
 using nlohmann::json;
-using parallel::DeploymentPlan;
-using parallel::make_deployment_plan;
+using planning::DeploymentPlan;
+using planning::make_deployment_plan;
 using parallel::make_shard_plan;
-using parallel::parse_target;
-using parallel::PlanOptions;
-using parallel::Range;
+using planning::parse_target;
+using planning::PlanOptions;
 using parallel::ShardPlan;
-using parallel::WeightDtype;
 using testing::run_gemma4rt;
 
 ModelConfig shape(const std::string& name) { return parse_model_config(reference_config(name), name); }
 
-DeploymentPlan plan_for(const std::string& name, const std::string& target, WeightDtype dtype = WeightDtype::kBF16,
+DeploymentPlan plan_for(const std::string& name, const std::string& target, WeightFormat dtype = WeightFormat::kBF16,
                         int context_tokens = 4096) {
   PlanOptions options;
   options.dtype = dtype;
@@ -147,8 +145,8 @@ TEST(ShardPlan, TwentySixBSplitsExpertsAcrossRanks) {
   const ModelConfig half = parse_model_config(fewer, "64 experts");
   PlanOptions options;
   const auto target = parse_target("h200");
-  const int64_t all_experts = parallel::rank_memory(config, make_shard_plan(config, 8), target, options).decoder_layer_bytes;
-  const int64_t half_experts = parallel::rank_memory(half, make_shard_plan(half, 8), target, options).decoder_layer_bytes;
+  const int64_t all_experts = planning::rank_memory(config, make_shard_plan(config, 8), target, options).decoder_layer_bytes;
+  const int64_t half_experts = planning::rank_memory(half, make_shard_plan(half, 8), target, options).decoder_layer_bytes;
   const int64_t hidden = 2816, expert_width = 704;
   const int64_t experts_removed = 64 * 3 * expert_width * hidden * 2;  // gate, up, down of 64 experts, bf16
   const int64_t router_removed = 64 * hidden * 2 + 64 * 4;             // router.proj rows (bf16), per_expert_scale
@@ -249,7 +247,7 @@ TEST(Deployment, E2BInBf16FitsOneInferentia2Core) {
 // not the device copy). In fp32 the device share is 18.6 GB against 16 GiB, so TP=2. In bf16 the same
 // arithmetic says one core holds it (9.5 GB): the published "does not fit" is an fp32 result.
 TEST(Deployment, E4BInFp32DoesNotFitOneCoreAndNeedsTwo) {
-  const DeploymentPlan plan = plan_for("e4b", "inf2.xlarge", WeightDtype::kF32);
+  const DeploymentPlan plan = plan_for("e4b", "inf2.xlarge", WeightFormat::kF32);
   EXPECT_FALSE(plan.at(1).fits);
   EXPECT_GT(plan.at(1).weight_bytes, 16 * (int64_t{1} << 30));
   EXPECT_EQ(plan.smallest_fitting_tp, 2);
@@ -260,7 +258,7 @@ TEST(Deployment, E4BInFp32DoesNotFitOneCoreAndNeedsTwo) {
 
 TEST(Deployment, E4BDecoderWeightsInFp32AreAbout15Point4Gb) {
   // 3.946 B decoder-layer parameters x 4 B = 15.78 GB; the port measured ~15.4 GB of fp32 constants.
-  const double bytes = static_cast<double>(parallel::decoder_layer_bytes(shape("e4b"), WeightDtype::kF32));
+  const double bytes = static_cast<double>(planning::decoder_layer_bytes(shape("e4b"), WeightFormat::kF32));
   EXPECT_NEAR(bytes / 1e9, 15.4, 0.03 * 15.4);
   EXPECT_NEAR(bytes / 1e9, 15.78, 0.01);
 }
@@ -290,8 +288,8 @@ TEST(Deployment, ThirtyOneBNeedsEightCoresAnInf2TwentyFourXlarge) {
 // full 262144-token context; at 4096 tokens TP=4 already fits (12.8 GB per core). Both need the 12-core
 // inf2.24xlarge, the only instance between 2 and 24 cores.
 TEST(Deployment, TwentySixBHoldsAbout49GbOfWeightsAndNeedsTpEightAtFullContext) {
-  EXPECT_NEAR(static_cast<double>(parallel::decoder_layer_bytes(shape("26b-a4b"), WeightDtype::kBF16)) / 1e9, 49.0, 0.5);
-  const DeploymentPlan full = plan_for("26b-a4b", "inf2.xlarge", WeightDtype::kBF16, 262144);
+  EXPECT_NEAR(static_cast<double>(planning::decoder_layer_bytes(shape("26b-a4b"), WeightFormat::kBF16)) / 1e9, 49.0, 0.5);
+  const DeploymentPlan full = plan_for("26b-a4b", "inf2.xlarge", WeightFormat::kBF16, 262144);
   EXPECT_FALSE(full.at(4).fits);
   EXPECT_EQ(full.smallest_fitting_tp, 8);
   EXPECT_EQ(full.instance, "inf2.24xlarge");
@@ -312,10 +310,10 @@ TEST(Deployment, MaxContextIsTheBoundaryOfTheVerdicts) {
     SCOPED_TRACE(c.model + " tp " + std::to_string(c.tp));
     const std::optional<int> longest = plan_for(c.model, "inf2.xlarge").at(c.tp).max_context_tokens;
     ASSERT_TRUE(longest.has_value());
-    EXPECT_TRUE(plan_for(c.model, "inf2.xlarge", WeightDtype::kBF16, *longest).at(c.tp).fits);
+    EXPECT_TRUE(plan_for(c.model, "inf2.xlarge", WeightFormat::kBF16, *longest).at(c.tp).fits);
     const int limit = shape(c.model).max_position_embeddings;
     if (*longest < limit) {
-      EXPECT_FALSE(plan_for(c.model, "inf2.xlarge", WeightDtype::kBF16, *longest + 1).at(c.tp).fits);
+      EXPECT_FALSE(plan_for(c.model, "inf2.xlarge", WeightFormat::kBF16, *longest + 1).at(c.tp).fits);
     }
   }
   const DeploymentPlan twelve = plan_for("12b", "inf2.xlarge");
@@ -327,14 +325,14 @@ TEST(Deployment, MaxContextIsTheBoundaryOfTheVerdicts) {
   EXPECT_GT(*moe.at(4).max_context_tokens, 150'000);
   EXPECT_LT(*moe.at(4).max_context_tokens, 262144);
   EXPECT_EQ(*moe.at(8).max_context_tokens, 262144);
-  EXPECT_EQ(*plan_for("e4b", "inf2.xlarge", WeightDtype::kF32).at(2).max_context_tokens, 131072);
+  EXPECT_EQ(*plan_for("e4b", "inf2.xlarge", WeightFormat::kF32).at(2).max_context_tokens, 131072);
 }
 
 TEST(Deployment, SoftcapOverTheVocabularyIsFlaggedOnNeuronNotOnH200) {
   for (const std::string target : {"inf2.xlarge", "trn1.2xlarge"}) {
     const DeploymentPlan plan = plan_for("e2b", target);
     ASSERT_FALSE(plan.on_chip_issues.empty()) << target;
-    const parallel::OnChipIssue& softcap = plan.on_chip_issues.front();
+    const planning::OnChipIssue& softcap = plan.on_chip_issues.front();
     EXPECT_EQ(softcap.op, "final_softcap_tanh");
     EXPECT_EQ(softcap.bytes_per_partition, 262144 * 4);  // one fp32 logits row per partition
     EXPECT_EQ(softcap.limit_bytes_per_partition, 192 * 1024);
@@ -356,7 +354,7 @@ TEST(Deployment, SoftcapOverTheVocabularyIsFlaggedOnNeuronNotOnH200) {
   EXPECT_TRUE(ops.contains("final_softcap_tanh"));
   EXPECT_TRUE(ops.contains("sliding_attention_scores"));
   // E4B's window of 512 fits the buffer at TP=2.
-  for (const auto& issue : plan_for("e4b", "inf2.xlarge", WeightDtype::kF32).on_chip_issues) {
+  for (const auto& issue : plan_for("e4b", "inf2.xlarge", WeightFormat::kF32).on_chip_issues) {
     EXPECT_NE(issue.op, "sliding_attention_scores");
   }
   EXPECT_TRUE(plan_for("e2b", "h200").on_chip_issues.empty());
@@ -390,8 +388,8 @@ TEST(Deployment, KvCacheCountsOnlyKvOwningLayersAndSlidingWindows) {
   PlanOptions options;
   const ModelConfig config = shape("31b");
   const auto h200 = parse_target("h200");
-  const int64_t at4 = parallel::rank_memory(config, make_shard_plan(config, 4), h200, options).kv_cache_bytes;
-  const int64_t at8 = parallel::rank_memory(config, make_shard_plan(config, 8), h200, options).kv_cache_bytes;
+  const int64_t at4 = planning::rank_memory(config, make_shard_plan(config, 4), h200, options).kv_cache_bytes;
+  const int64_t at8 = planning::rank_memory(config, make_shard_plan(config, 8), h200, options).kv_cache_bytes;
   const int64_t global_at4 = 10 * int64_t{4096} * 512 * 2 * 2;  // one of four heads per rank at TP=4
   EXPECT_EQ(at4 - at8, (at4 - global_at4) / 2);                 // sliding halves, global stays one head
 }
@@ -405,7 +403,7 @@ TEST(Deployment, TargetsAndOptionsAreChecked) {
   EXPECT_EQ(parse_target("trn1.32xlarge").ranks, 32);
   EXPECT_EQ(*parse_target("inf2.48xlarge").host_memory_bytes, int64_t{768} << 30);
   EXPECT_EQ(parse_target("h200").memory_per_rank_bytes, 141'000'000'000);
-  EXPECT_NE(error_of([] { plan_for("e2b", "h200", WeightDtype::kBF16, 200000); }).find("max_position_embeddings"),
+  EXPECT_NE(error_of([] { plan_for("e2b", "h200", WeightFormat::kBF16, 200000); }).find("max_position_embeddings"),
             std::string::npos);
   PlanOptions options;
   options.tp = 3;

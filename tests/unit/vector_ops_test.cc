@@ -14,9 +14,9 @@
 #include <gtest/gtest.h>
 
 #include "core/bf16.h"
-#include "kernels/cpu/isa.h"
-#include "kernels/cpu/reference.h"
-#include "kernels/cpu/vector_ops.h"
+#include "backend/host/isa.h"
+#include "backend/reference/kernels.h"
+#include "backend/cpu/kernels/vector_ops.h"
 
 namespace gemma4rt::kernels {
 namespace {
@@ -295,8 +295,6 @@ std::vector<int32_t> ring_slots(int64_t capacity, int64_t first, int64_t count) 
   for (int64_t i = 0; i < count; ++i) slots.push_back(static_cast<int32_t>((first + i) % capacity));
   return slots;
 }
-
-const char* format_name(KvFormat format) { return format == KvFormat::kF32 ? "f32" : "bf16"; }
 
 TEST(VectorOps, AttendMatchesReference) {
   // fp32 dot products (vs the reference's doubles) err by ~1e-7 of sum |q_i k_i|, and a probability

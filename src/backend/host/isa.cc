@@ -1,4 +1,4 @@
-#include "kernels/cpu/isa.h"
+#include "backend/host/isa.h"
 
 #include <atomic>
 #include <cpuid.h>

@@ -11,8 +11,8 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/head_blocks.h"
-#include "kernels/cpu/vector_ops.h"
+#include "backend/cpu/kernels/head_blocks.h"
+#include "backend/cpu/kernels/vector_ops.h"
 
 namespace gemma4rt::kernels::detail {
 namespace {

@@ -1,38 +1,11 @@
-#include "engine/linear.h"
+#include "backend/cpu/prepared_weight.h"
 
 #include "core/error.h"
 
-namespace gemma4rt {
+namespace gemma4rt::backend {
 
-const char* weight_format_name(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::kF32: return "f32";
-    case WeightFormat::kBF16: return "bf16";
-    case WeightFormat::kQ8: return "q8";
-  }
-  return "?";
-}
-
-size_t Linear::fast_bytes() const {
-  const size_t elements = static_cast<size_t>(matrix.rows) * matrix.cols;
-  switch (matrix.format) {
-    case WeightFormat::kF32: return elements * 4;
-    case WeightFormat::kBF16: return elements * 2;
-    case WeightFormat::kQ8:
-      return elements + static_cast<size_t>(matrix.rows) * ((matrix.cols + kernels::kQ8BlockSize - 1) / kernels::kQ8BlockSize) * 4;
-  }
-  return 0;
-}
-
-Linear reference_linear(const TensorView& view) {
-  Linear linear;
-  linear.view = view;
-  return linear;
-}
-
-Linear make_linear(const TensorView& view, WeightFormat format, ThreadPool& pool) {
-  Linear linear;
-  linear.view = view;
+PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, ThreadPool& pool) {
+  PreparedWeight linear;
   const int64_t rows = view.shape.at(0);
   const int64_t cols = view.element_count() / rows;
   linear.matrix.format = format;
@@ -71,7 +44,7 @@ Linear make_linear(const TensorView& view, WeightFormat format, ThreadPool& pool
       linear.matrix.values = linear.owned_bf16.data();
       break;
     case WeightFormat::kQ8: {
-      const int64_t blocks = (cols + kernels::kQ8BlockSize - 1) / kernels::kQ8BlockSize;
+      const int64_t blocks = q8_blocks_per_row(cols);
       linear.owned_q8.resize(elements);
       linear.owned_scales.resize(static_cast<size_t>(rows) * blocks);
       pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
@@ -89,4 +62,4 @@ Linear make_linear(const TensorView& view, WeightFormat format, ThreadPool& pool
   return linear;
 }
 
-}  // namespace gemma4rt
+}  // namespace gemma4rt::backend

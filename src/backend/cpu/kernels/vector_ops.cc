@@ -2,7 +2,7 @@
 // plain C++ (double sums, std::exp / std::tanh), which the SIMD levels are tested against. The SIMD
 // levels share the glue here (normalisation factors, softmax steps, the attention phases) and run their
 // loops through the per-ISA tables.
-#include "kernels/cpu/vector_ops.h"
+#include "backend/cpu/kernels/vector_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,8 +10,8 @@
 #include <limits>
 
 #include "core/bf16.h"
-#include "kernels/cpu/isa.h"
-#include "kernels/cpu/reference.h"
+#include "backend/host/isa.h"
+#include "backend/reference/kernels.h"
 
 namespace gemma4rt::kernels {
 namespace {

@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/kernels/matmul.h"
 
 namespace gemma4rt::kernels::detail {
 namespace {
@@ -137,7 +137,7 @@ struct Bf16Widen {
 // scales of one step are 128 contiguous prepared bytes, so one pointer per token suffices (eight
 // tokens' operands stay in the general registers) and eight tokens of 1536 values fit in L1.
 struct Q8Vnni {
-  static_assert(kQ8BlockSize == 32, "k >> 5 below is k / kQ8BlockSize");
+  static_assert(kQ8BlockValues == 32, "k >> 5 below is k / kQ8BlockValues");
   static constexpr int kStep = 64, kTokens = 4, kRows = 3;
   static constexpr int64_t kWeightBytes = 1, kActivationBytes = 2;  // 128 prepared bytes per 64 values
   struct Row { const int8_t* values; const float* scales; };
@@ -153,7 +153,7 @@ struct Q8Vnni {
             _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(two_scales))};
   }
   static Row row(const MatmulOperands& op, int64_t r) {
-    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * ((op.cols + kQ8BlockSize - 1) / kQ8BlockSize)};
+    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * ((op.cols + kQ8BlockValues - 1) / kQ8BlockValues)};
   }
   static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride * 2}; }
   static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.values + k, offset); }
@@ -162,7 +162,7 @@ struct Q8Vnni {
                    _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(row.scales + (k >> 5)))));
   }
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    const int blocks = count > kQ8BlockSize ? 2 : 1;
+    const int blocks = count > kQ8BlockValues ? 2 : 1;
     return weights(_mm512_maskz_loadu_epi8(mask64(count), row.values + k),
                    _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << blocks) - 1u), row.scales + (k >> 5)));
   }
@@ -406,8 +406,8 @@ void round_to_bf16_avx512(const float* source, int64_t count, uint16_t* out) {
 void quantize_q8_row_avx512(const float* source, int64_t cols, int8_t* values, float* block_scales) {
   const __m512 sign_clear = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512i low = _mm512_set1_epi32(-127), high = _mm512_set1_epi32(127);
-  for (int64_t start = 0, block = 0; start < cols; start += kQ8BlockSize, ++block) {
-    const int64_t count = smaller(kQ8BlockSize, cols - start);
+  for (int64_t start = 0, block = 0; start < cols; start += kQ8BlockValues, ++block) {
+    const int64_t count = smaller(kQ8BlockValues, cols - start);
     const __mmask16 first = count >= 16 ? static_cast<__mmask16>(0xffff) : mask16(count);
     const __mmask16 second = count >= 32 ? static_cast<__mmask16>(0xffff) : count > 16 ? mask16(count - 16) : 0;
     const __m512 a = _mm512_maskz_loadu_ps(first, source + start);

@@ -1,4 +1,4 @@
-#include "kernels/cpu/reference.h"
+#include "backend/reference/kernels.h"
 
 #include <algorithm>
 #include <cmath>

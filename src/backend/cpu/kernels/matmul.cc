@@ -1,4 +1,4 @@
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/kernels/matmul.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
-#include "kernels/cpu/isa.h"
+#include "backend/host/isa.h"
 
 namespace gemma4rt::kernels {
 namespace {
@@ -54,7 +54,7 @@ void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_e
   const auto* x = static_cast<const int8_t*>(op.x);
   const auto* w = static_cast<const int8_t*>(op.w);
   const int64_t blocks = q8_blocks_per_row(op.cols);
-  const int64_t x_blocks = op.x_stride / kQ8BlockSize;
+  const int64_t x_blocks = op.x_stride / kQ8BlockValues;
   for (int64_t r = row_begin; r < row_end; ++r) {
     const int8_t* row = w + r * op.cols;
     const float* row_scales = op.w_scales + r * blocks;
@@ -63,8 +63,8 @@ void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_e
       const float* token_scales = op.x_scales + t * x_blocks;
       float sum = 0.0f;
       for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t begin = b * kQ8BlockSize;
-        const int64_t end = begin + kQ8BlockSize < op.cols ? begin + kQ8BlockSize : op.cols;
+        const int64_t begin = b * kQ8BlockValues;
+        const int64_t end = begin + kQ8BlockValues < op.cols ? begin + kQ8BlockValues : op.cols;
         int32_t dot = 0;
         for (int64_t k = begin; k < end; ++k) dot += static_cast<int32_t>(token[k]) * row[k];
         sum += static_cast<float>(dot) * (row_scales[b] * token_scales[b]);
@@ -75,8 +75,8 @@ void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_e
 }
 
 void quantize_q8_row_scalar(const float* source, int64_t cols, int8_t* values, float* block_scales) {
-  for (int64_t start = 0, block = 0; start < cols; start += kQ8BlockSize, ++block) {
-    const int64_t end = start + kQ8BlockSize < cols ? start + kQ8BlockSize : cols;
+  for (int64_t start = 0, block = 0; start < cols; start += kQ8BlockValues, ++block) {
+    const int64_t end = start + kQ8BlockValues < cols ? start + kQ8BlockValues : cols;
     float absmax = 0.0f;
     for (int64_t k = start; k < end; ++k) absmax = std::fmax(absmax, std::fabs(source[k]));
     const float scale = absmax / 127.0f;
@@ -118,14 +118,6 @@ void* allocate_aligned(size_t bytes) {
   return pointer;
 }
 
-const char* format_name(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::kF32: return "f32";
-    case WeightFormat::kBF16: return "bf16";
-    case WeightFormat::kQ8: return "q8";
-  }
-  return "?";
-}
 
 }  // namespace
 
@@ -171,7 +163,7 @@ void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, 
   const size_t element_bytes = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
   const size_t elements = static_cast<size_t>(tokens) * stride;
   reserve(values_, values_capacity_, elements * element_bytes);
-  const int64_t scale_stride = stride / kQ8BlockSize;
+  const int64_t scale_stride = stride / kQ8BlockValues;
   if (format == WeightFormat::kQ8) {
     reserve(scales_, scales_capacity_, static_cast<size_t>(tokens) * scale_stride * sizeof(float));
     reserve(q8_steps_, q8_steps_capacity_, elements * 2);
@@ -204,7 +196,7 @@ void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, 
       for (int64_t k = 0; k < stride; k += 64) {
         std::byte* step = q8_steps_.get() + (t * stride + k) * 2;
         for (int i = 0; i < 64; ++i) step[i] = static_cast<std::byte>(static_cast<uint8_t>(values[k + i]) ^ 0x80u);
-        for (int lane = 0; lane < 16; ++lane) std::memcpy(step + 64 + 4 * lane, &scales[(k + 4 * lane) / kQ8BlockSize], 4);
+        for (int lane = 0; lane < 16; ++lane) std::memcpy(step + 64 + 4 * lane, &scales[(k + 4 * lane) / kQ8BlockValues], 4);
       }
     }
   }

@@ -24,15 +24,10 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/formats.h"
 #include "core/tensor.h"
 
 namespace gemma4rt::kernels {
-
-enum class WeightFormat { kF32, kBF16, kQ8 };
-
-inline constexpr int kQ8BlockSize = 32;
-
-inline int64_t q8_blocks_per_row(int64_t cols) { return (cols + kQ8BlockSize - 1) / kQ8BlockSize; }
 
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/matmul.h"
+#include "backend/cpu/kernels/matmul.h"
 
 namespace gemma4rt::kernels::detail {
 namespace {
@@ -101,22 +101,22 @@ struct Q8Sign {
   struct WVec { __m256i values; __m256 scale; };
   struct XVec { __m256i values, magnitudes; __m256 scale; };
   static Row row(const MatmulOperands& op, int64_t r) {
-    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * ((op.cols + kQ8BlockSize - 1) / kQ8BlockSize)};
+    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * ((op.cols + kQ8BlockValues - 1) / kQ8BlockValues)};
   }
   static Token token(const MatmulOperands& op, int64_t t) {
-    return {static_cast<const int8_t*>(op.x) + t * op.x_stride, op.x_scales + t * (op.x_stride / kQ8BlockSize)};
+    return {static_cast<const int8_t*>(op.x) + t * op.x_stride, op.x_scales + t * (op.x_stride / kQ8BlockValues)};
   }
   static void prefetch(const Row& row, int64_t k) { prefetch_ahead(row.values + k); }
   static WVec load_w(const Row& row, int64_t k) {
     return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.values + k)),
-            _mm256_broadcast_ss(row.scales + k / kQ8BlockSize)};
+            _mm256_broadcast_ss(row.scales + k / kQ8BlockValues)};
   }
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    return {load_partial<int8_t, 32>(row.values + k, count), _mm256_broadcast_ss(row.scales + k / kQ8BlockSize)};
+    return {load_partial<int8_t, 32>(row.values + k, count), _mm256_broadcast_ss(row.scales + k / kQ8BlockValues)};
   }
   static XVec load_x(const Token& token, int64_t k) {
     const __m256i values = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(token.values + k));
-    return {values, _mm256_abs_epi8(values), _mm256_broadcast_ss(token.scales + k / kQ8BlockSize)};
+    return {values, _mm256_abs_epi8(values), _mm256_broadcast_ss(token.scales + k / kQ8BlockValues)};
   }
   static __m256 madd(__m256 acc, const XVec& x, const WVec& w) {
     const __m256i pairs = _mm256_maddubs_epi16(x.magnitudes, _mm256_sign_epi8(w.values, x.values));
@@ -285,10 +285,10 @@ void round_to_bf16_avx2(const float* source, int64_t count, uint16_t* out) {
 void quantize_q8_row_avx2(const float* source, int64_t cols, int8_t* values, float* block_scales) {
   const __m256 sign_clear = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256i low = _mm256_set1_epi32(-127), high = _mm256_set1_epi32(127);
-  for (int64_t start = 0, block = 0; start < cols; start += kQ8BlockSize, ++block) {
-    const int64_t count = smaller(kQ8BlockSize, cols - start);
-    alignas(32) float padded[kQ8BlockSize];
-    for (int i = 0; i < kQ8BlockSize; ++i) padded[i] = i < count ? source[start + i] : 0.0f;
+  for (int64_t start = 0, block = 0; start < cols; start += kQ8BlockValues, ++block) {
+    const int64_t count = smaller(kQ8BlockValues, cols - start);
+    alignas(32) float padded[kQ8BlockValues];
+    for (int i = 0; i < kQ8BlockValues; ++i) padded[i] = i < count ? source[start + i] : 0.0f;
     __m256 parts[4];
     __m256 magnitude = _mm256_setzero_ps();
     for (int p = 0; p < 4; ++p) {
@@ -300,9 +300,9 @@ void quantize_q8_row_avx2(const float* source, int64_t cols, int8_t* values, flo
     folded = _mm_max_ss(folded, _mm_movehdup_ps(folded));
     const float scale = _mm_cvtss_f32(folded) / 127.0f;
     block_scales[block] = scale;
-    alignas(32) int32_t quantized[kQ8BlockSize];
+    alignas(32) int32_t quantized[kQ8BlockValues];
     if (scale == 0.0f) {
-      for (int i = 0; i < kQ8BlockSize; ++i) quantized[i] = 0;
+      for (int i = 0; i < kQ8BlockValues; ++i) quantized[i] = 0;
     } else {
       const __m256 divisor = _mm256_set1_ps(scale);
       for (int p = 0; p < 4; ++p) {

@@ -1,4 +1,4 @@
-#include "model/checkpoint_checks.h"
+#include "diagnostics/checkpoint_checks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -550,18 +550,19 @@ class Doctor {
     EngineOptions engine;
     engine.context_tokens = 8;
     engine.threads = options_.threads;
+    engine.backend = options_.backend;
     Transformer transformer(*model_, engine);
     const int32_t token = config_->bos_token_id;
     const std::span<const float> logits = transformer.forward(std::span<const int32_t>(&token, 1), 0);
     const auto bad = std::find_if(logits.begin(), logits.end(), [](float value) { return !std::isfinite(value); });
     if (bad != logits.end()) {
-      fail("a one-token forward (<bos>) on the fast path gives logit {} = {} for id {}", *bad, *bad, bad - logits.begin());
+      fail("a one-token forward (<bos>) on the {} backend gives logit {} for id {}", transformer.backend().name(), *bad, bad - logits.begin());
     }
     const auto [low, high] = std::minmax_element(logits.begin(), logits.end());
     if (*low == *high) fail("a one-token forward gives the same logit {} for every id: the weights carry no signal", *low);
     const int64_t best = high - logits.begin();
-    result(CheckStatus::kPass, fmt::format("one <bos> on the fast path ({} weights): {} finite logits in [{:.3g}, {:.3g}], argmax id {}",
-                                           weight_format_name(transformer.weight_format()), logits.size(), *low, *high, best));
+    result(CheckStatus::kPass, fmt::format("one <bos> on the {} backend ({} weights): {} finite logits in [{:.3g}, {:.3g}], argmax id {}",
+                                           transformer.backend().name(), format_name(transformer.weight_format()), logits.size(), *low, *high, best));
   }
 
   void check_parameters() {

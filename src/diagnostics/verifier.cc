@@ -1,4 +1,4 @@
-#include "engine/verifier.h"
+#include "diagnostics/verifier.h"
 
 #include <algorithm>
 #include <cmath>
@@ -40,8 +40,6 @@ double max_abs_difference(std::span<const float> a, std::span<const float> b) {
   }
   return worst;
 }
-
-const char* kv_name(KvFormat format) { return format == KvFormat::kF32 ? "f32" : "bf16"; }
 
 // Deterministic ids in [3, vocab): fixed so that two runs of verify compare the same inputs.
 std::vector<int32_t> id_sequence(const ModelConfig& config, int length, uint32_t seed) {
@@ -269,10 +267,11 @@ VerifyReport run_verification(const Model& model, const VerifyOptions& options, 
   for (const auto& ids : probe_prompts) context = std::max(context, static_cast<int>(ids.size()) + options.probe_tokens);
 
   EngineOptions reference_options;
-  reference_options.reference = true;
+  reference_options.backend = "reference";
   reference_options.context_tokens = context;
   reference_options.threads = options.threads;
   EngineOptions fast_options;
+  fast_options.backend = options.backend;
   fast_options.context_tokens = context;
   fast_options.threads = options.threads;
   fast_options.weight_format = options.weight_format;
@@ -282,8 +281,9 @@ VerifyReport run_verification(const Model& model, const VerifyOptions& options, 
   Transformer fast(model, fast_options);
 
   VerifyReport report;
-  report.fast_weights = weight_format_name(fast.weight_format());
-  report.fast_kv = kv_name(fast.kv_cache().format());
+  report.backend = fast.backend().name();
+  report.fast_weights = format_name(fast.weight_format());
+  report.fast_kv = format_name(fast.kv_cache().format());
   report.tensor_parallel = fast.tensor_parallel_size();
   report.tolerance = verify_tolerance(fast.weight_format(), fast.kv_cache().format());
   report.steps = options.steps;

@@ -1,4 +1,4 @@
-#include "parallel/deployment_plan.h"
+#include "planning/deployment_plan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "model/model_shapes.h"
 
-namespace gemma4rt::parallel {
+namespace gemma4rt::planning {
 namespace {
 
 constexpr int64_t kGiB = int64_t{1} << 30;
@@ -86,16 +86,16 @@ std::string target_names() {
 
 // Bytes of `values` weights of a role at a dtype. Norm weights, scales and layer scalars are vectors the
 // kernels keep in fp32; the host tables stay as the checkpoint stores them (bf16).
-int64_t linear_bytes(int64_t values, WeightDtype dtype) {
+int64_t linear_bytes(int64_t values, WeightFormat dtype) {
   switch (dtype) {
-    case WeightDtype::kF32: return values * 4;
-    case WeightDtype::kBF16: return values * 2;
-    case WeightDtype::kQ8: return values + (values + 31) / 32 * 4;  // int8 plus one fp32 scale per 32 values
+    case WeightFormat::kF32: return values * 4;
+    case WeightFormat::kBF16: return values * 2;
+    case WeightFormat::kQ8: return values + (values + 31) / 32 * 4;  // int8 plus one fp32 scale per 32 values
   }
   return values * 4;
 }
 
-int64_t tensor_bytes(int64_t values, TensorRole role, WeightDtype dtype) {
+int64_t tensor_bytes(int64_t values, TensorRole role, WeightFormat dtype) {
   switch (role) {
     case TensorRole::kLinear:
     case TensorRole::kTokenEmbedding: return linear_bytes(values, dtype);
@@ -178,7 +178,7 @@ RankBytes compute_rank_bytes(const ModelConfig& config, const ShardPlan& shards,
       } else {
         memory.other_weight_bytes += table;
         // The engine multiplies by the mmap'd table itself unless the weights are converted.
-        if (options.dtype != WeightDtype::kBF16) memory.lm_head_bytes += linear_bytes(head_rows * hidden, options.dtype);
+        if (options.dtype != WeightFormat::kBF16) memory.lm_head_bytes += linear_bytes(head_rows * hidden, options.dtype);
       }
     } else if (key == "embed_tokens_per_layer.weight") {
       const int64_t table = values * kStoredTableBytesPerValue;
@@ -197,7 +197,7 @@ RankBytes compute_rank_bytes(const ModelConfig& config, const ShardPlan& shards,
 
   // KV cache: only layers that compute their own K/V; a sliding layer's ring holds the window plus the
   // rest of a prefill chunk (kv_cache.cc), a full layer every position.
-  const int64_t kv_value_bytes = options.dtype == WeightDtype::kF32 ? 4 : 2;
+  const int64_t kv_value_bytes = options.dtype == WeightFormat::kF32 ? 4 : 2;
   const int64_t window_extra = options.prefill_chunk_tokens - 1;
   for (const LayerShard& shard : shards.layers()) {
     if (!shard.owns_kv) continue;
@@ -395,27 +395,16 @@ Target parse_target(const std::string& name) {
   fail("unknown target \"{}\" (known targets: {})", name, target_names());
 }
 
-WeightDtype parse_weight_dtype(const std::string& name) {
-  if (name == "f32" || name == "fp32") return WeightDtype::kF32;
-  if (name == "bf16") return WeightDtype::kBF16;
-  if (name == "q8") return WeightDtype::kQ8;
+WeightFormat parse_weight_dtype(const std::string& name) {
+  if (const std::optional<WeightFormat> format = parse_weight_format(name)) return *format;
   fail("unknown weight dtype \"{}\" (expected f32, bf16 or q8)", name);
-}
-
-const char* weight_dtype_name(WeightDtype dtype) {
-  switch (dtype) {
-    case WeightDtype::kF32: return "f32";
-    case WeightDtype::kBF16: return "bf16";
-    case WeightDtype::kQ8: return "q8";
-  }
-  return "?";
 }
 
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& shards, const Target& target, const PlanOptions& options) {
   return compute_rank_bytes(config, shards, target, options).memory;
 }
 
-int64_t decoder_layer_bytes(const ModelConfig& config, WeightDtype dtype) {
+int64_t decoder_layer_bytes(const ModelConfig& config, WeightFormat dtype) {
   PlanOptions options;
   options.dtype = dtype;
   return rank_memory(config, make_shard_plan(config, 1), parse_target("cpu:1"), options).decoder_layer_bytes;
@@ -517,9 +506,9 @@ DeploymentPlan make_deployment_plan(const ModelConfig& config, const std::string
       }
       plan.remedies.push_back(fmt::format("more TP: TP={} fits{}", degree, where));
     }
-    if (options.dtype == WeightDtype::kF32) {
+    if (options.dtype == WeightFormat::kF32) {
       PlanOptions smaller = options;
-      smaller.dtype = WeightDtype::kBF16;
+      smaller.dtype = WeightFormat::kBF16;
       smaller.tp.reset();
       const DeploymentPlan bf16 = make_deployment_plan(config, model_name, target, smaller);
       if (bf16.smallest_fitting_tp) {
@@ -527,9 +516,9 @@ DeploymentPlan make_deployment_plan(const ModelConfig& config, const std::string
                                             gigabytes(bf16.at(*bf16.smallest_fitting_tp).weight_bytes), *bf16.smallest_fitting_tp));
       }
     }
-    if (target.kind == TargetKind::kCpu && options.dtype != WeightDtype::kQ8) {
+    if (target.kind == TargetKind::kCpu && options.dtype != WeightFormat::kQ8) {
       PlanOptions smaller = options;
-      smaller.dtype = WeightDtype::kQ8;
+      smaller.dtype = WeightFormat::kQ8;
       smaller.tp.reset();
       const DeploymentPlan q8 = make_deployment_plan(config, model_name, target, smaller);
       if (q8.fits) plan.remedies.push_back(fmt::format("q8 weights: {} in all", gigabytes(q8.at(1).total_bytes)));
@@ -602,8 +591,8 @@ nlohmann::json to_json(const DeploymentPlan& plan) {
     target_json["on_chip_buffer"] = {{"partitions", target.on_chip_buffer->partitions},
                                      {"bytes_per_partition", target.on_chip_buffer->bytes_per_partition}};
   }
-  json options = {{"dtype", weight_dtype_name(plan.options.dtype)},
-                  {"kv_dtype", plan.options.dtype == WeightDtype::kF32 ? "f32" : "bf16"},
+  json options = {{"dtype", format_name(plan.options.dtype)},
+                  {"kv_dtype", plan.options.dtype == WeightFormat::kF32 ? "f32" : "bf16"},
                   {"context_tokens", plan.options.context_tokens},
                   {"batch", plan.options.batch},
                   {"prefill_chunk_tokens", plan.options.prefill_chunk_tokens}};
@@ -650,4 +639,4 @@ nlohmann::json to_json(const DeploymentPlan& plan) {
           {"remedies", plan.remedies}};
 }
 
-}  // namespace gemma4rt::parallel
+}  // namespace gemma4rt::planning

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <span>
 
+#include "core/formats.h"
+
 namespace gemma4rt::kernels {
 
 // out = x / sqrt(mean(x^2) + eps) * weight; weight may be null (the weightless norm); out may alias x.
@@ -41,9 +43,6 @@ void apply_rope(float* heads, int64_t head_count, int64_t head_dim, const float*
 void add(float* y, const float* x, int64_t size);      // y += x
 void scale(float* y, float factor, int64_t size);      // y *= factor
 void softcap(float* values, int64_t size, float cap);  // v = tanh(v / cap) * cap
-
-// How KV cache rows are stored: fp32 or bf16 (uint16_t elements).
-enum class KvFormat { kF32, kBF16 };
 
 // Writes one row of `size` values into the cache format (bf16: round to nearest even).
 void store_kv_row(const float* source, int64_t size, KvFormat format, void* destination);

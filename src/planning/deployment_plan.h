@@ -23,10 +23,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/formats.h"
 #include "model/config.h"
 #include "parallel/shard_plan.h"
 
-namespace gemma4rt::parallel {
+namespace gemma4rt::planning {
+
+using parallel::LayerShard;
+using parallel::make_shard_plan;
+using parallel::ShardPlan;
+using parallel::valid_tp_degrees;
 
 enum class TargetKind { kNeuron, kGpu, kCpu };
 
@@ -56,13 +62,11 @@ const std::vector<Target>& known_targets();
 // A listed target by name, or "cpu:<GiB>" (a positive number of GiB). Throws Error for anything else.
 Target parse_target(const std::string& name);
 
-enum class WeightDtype { kF32, kBF16, kQ8 };
 // "f32" / "fp32", "bf16", "q8" (the CPU kernels' int8 with one fp32 scale per 32 values).
-WeightDtype parse_weight_dtype(const std::string& name);
-const char* weight_dtype_name(WeightDtype dtype);
+WeightFormat parse_weight_dtype(const std::string& name);
 
 struct PlanOptions {
-  WeightDtype dtype = WeightDtype::kBF16;   // the checkpoint's own; f32 also makes the KV cache f32
+  WeightFormat dtype = WeightFormat::kBF16;   // the checkpoint's own; f32 also makes the KV cache f32
   int context_tokens = 4096;                // KV positions per sequence (the engine's default context)
   int batch = 1;                            // sequences decoded together, each with its own cache
   int prefill_chunk_tokens = 256;           // rows per forward pass (the engine's fast-path chunk)
@@ -124,9 +128,9 @@ DeploymentPlan make_deployment_plan(const ModelConfig& config, const std::string
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& shards, const Target& target, const PlanOptions& options);
 
 // Bytes of every decoder layer together at `dtype`, unsharded (what a single rank would hold of them).
-int64_t decoder_layer_bytes(const ModelConfig& config, WeightDtype dtype);
+int64_t decoder_layer_bytes(const ModelConfig& config, WeightFormat dtype);
 
 nlohmann::json to_json(const DeploymentPlan& plan);
 nlohmann::json to_json(const ShardPlan& plan);
 
-}  // namespace gemma4rt::parallel
+}  // namespace gemma4rt::planning

@@ -113,6 +113,7 @@ struct ProbeResult {
 std::string greedy_chat_answer(Transformer& transformer, const Tokenizer& tokenizer, const std::vector<int32_t>& prompt, int max_tokens);
 
 struct VerifyOptions {
+  std::string backend = "cpu";                // the backend under test, against the reference backend
   std::optional<WeightFormat> weight_format;  // default: the checkpoint's dtype (as `run` picks it)
   std::optional<KvFormat> kv_format;          // default: the fast path's (bf16)
   int threads = 0;
@@ -125,6 +126,7 @@ struct VerifyOptions {
 };
 
 struct VerifyReport {
+  std::string backend;       // the backend under test
   std::string fast_weights;  // "bf16", ...
   std::string fast_kv;
   int tensor_parallel = 1;

@@ -1,6 +1,6 @@
 #include <immintrin.h>
 
-#include "kernels/cpu/bandwidth.h"
+#include "backend/host/bandwidth.h"
 
 namespace gemma4rt::kernels {
 

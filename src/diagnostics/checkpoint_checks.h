@@ -38,6 +38,7 @@ struct DoctorReport {
 struct DoctorOptions {
   bool run_forward = true;  // the one-token forward pass (loads the weights into the fast path)
   int threads = 0;          // for that forward pass; 0 = one per hardware thread
+  std::string backend = "cpu";  // where that forward pass runs
 };
 
 // Runs every check on a Hugging Face checkpoint directory. Never throws for a broken checkpoint.

@@ -1,4 +1,4 @@
-#include "kernels/cpu/bandwidth.h"
+#include "backend/host/bandwidth.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <memory>
 
-#include "kernels/cpu/isa.h"
+#include "backend/host/isa.h"
 
 namespace gemma4rt::kernels {
 

@@ -1,0 +1,71 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include "backend/cpu/kernels/vector_ops.h"
+#include "backend/host/isa.h"
+#include "backend/reference/kernels.h"
+
+namespace gemma4rt::backend {
+namespace {
+
+constexpr int64_t kMatmulRowsPerTask = 16;
+// Below this many multiply-adds a matrix product runs on the calling thread: waking the pool costs more.
+constexpr int64_t kMinParallelMultiplyAdds = int64_t{1} << 16;
+
+}  // namespace
+
+std::string CpuBackend::kernels() const { return kernels::isa_name(kernels::active_isa()); }
+
+WeightFormat CpuBackend::default_weight_format(DType stored) const {
+  if (stored == DType::kQ8) return WeightFormat::kQ8;
+  return stored == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
+}
+
+size_t CpuBackend::owned_weight_bytes() const {
+  size_t total = 0;
+  for (const PreparedWeight& weight : weights_) total += weight.owned_bytes();
+  return total;
+}
+
+void CpuBackend::store_weight(int32_t id, const TensorView& view, WeightFormat format) {
+  weights_.resize(static_cast<size_t>(id) + 1);
+  weights_[static_cast<size_t>(id)] = backend::prepare_weight(view, format, pool());
+}
+
+void CpuBackend::multiply(const float* x, int rows, int32_t id, float* y) {
+  const kernels::WeightMatrix& matrix = weights_[static_cast<size_t>(id)].matrix;
+  prepared_.prepare(x, rows, matrix.cols, matrix.format);
+  const int64_t out = matrix.rows;
+  if (out * matrix.cols * rows < kMinParallelMultiplyAdds) {
+    kernels::matmul(prepared_, matrix, y, out, 0, out);
+    return;
+  }
+  pool().parallel_for(out, kMatmulRowsPerTask, [&](int64_t first, int64_t last) { kernels::matmul(prepared_, matrix, y, out, first, last); });
+}
+
+void CpuBackend::norm_row(const float* x, int64_t width, const float* weight, float eps, float* out) {
+  kernels::rms_norm(x, width, weight, eps, out);
+}
+
+void CpuBackend::gelu_multiply_span(float* gate, const float* up, int64_t count) { kernels::gelu_tanh_multiply(gate, up, count); }
+
+void CpuBackend::add_span(float* y, const float* x, int64_t count) { kernels::add(y, x, count); }
+
+void CpuBackend::rotate_heads(float* heads, int count, int head_dim, const float* cos, const float* sin) {
+  kernels::apply_rope(heads, count, head_dim, cos, sin);
+}
+
+void CpuBackend::store_kv_row(const float* source, int64_t count, KvFormat format, void* destination) {
+  kernels::store_kv_row(source, count, format, destination);
+}
+
+void CpuBackend::attend_group(const float* queries, int group, int head_dim, const std::byte* keys, const std::byte* values,
+                              KvFormat format, int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) {
+  kernels::attend_group(queries, group, head_dim, keys, values, format, row_stride, slots, scores, out);
+}
+
+void CpuBackend::softcap_span(float* values, int64_t count, float cap) { kernels::softcap(values, count, cap); }
+
+// The router decides which experts run: the scalar softmax keeps that decision the reference's.
+void CpuBackend::router_softmax(float* values, int64_t count) { reference::softmax(values, count); }
+
+}  // namespace gemma4rt::backend

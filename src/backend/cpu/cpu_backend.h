@@ -1,0 +1,47 @@
+// The default backend: the SIMD kernels (AVX-512 BF16/VNNI, AVX2 or scalar, chosen at run time) over
+// weights in f32, bf16 or q8 (bf16 and f32 used in place from the memory map), a bf16 KV cache by
+// default, and the matrix work spread over the host backend's thread pool.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/kernels/matmul.h"
+#include "backend/cpu/prepared_weight.h"
+#include "backend/host/host_backend.h"
+
+namespace gemma4rt::backend {
+
+class CpuBackend : public HostBackend {
+ public:
+  explicit CpuBackend(int threads) : HostBackend(threads) {}
+
+  std::string name() const override { return "cpu"; }
+  std::string kernels() const override;
+  int default_chunk_tokens() const override { return 256; }
+  // The checkpoint's own: q8 for a `gemma4rt quantize` output, f32 for f32 files, else bf16 (f16 too).
+  WeightFormat default_weight_format(DType stored) const override;
+  KvFormat default_kv_format() const override { return KvFormat::kBF16; }
+  void check_formats(WeightFormat, KvFormat) const override {}
+  size_t weight_read_bytes(Weight weight) const override { return weights_.at(static_cast<size_t>(weight.id)).read_bytes(); }
+  size_t owned_weight_bytes() const override;
+
+ protected:
+  void store_weight(int32_t id, const TensorView& view, WeightFormat format) override;
+  void multiply(const float* x, int rows, int32_t id, float* y) override;
+  void norm_row(const float* x, int64_t width, const float* weight, float eps, float* out) override;
+  void gelu_multiply_span(float* gate, const float* up, int64_t count) override;
+  void add_span(float* y, const float* x, int64_t count) override;
+  void rotate_heads(float* heads, int count, int head_dim, const float* cos, const float* sin) override;
+  void store_kv_row(const float* source, int64_t count, KvFormat format, void* destination) override;
+  void attend_group(const float* queries, int group, int head_dim, const std::byte* keys, const std::byte* values, KvFormat format,
+                    int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) override;
+  void softcap_span(float* values, int64_t count, float cap) override;
+  void router_softmax(float* values, int64_t count) override;
+
+ private:
+  std::vector<PreparedWeight> weights_;
+  kernels::PreparedActivations prepared_;
+};
+
+}  // namespace gemma4rt::backend

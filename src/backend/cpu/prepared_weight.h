@@ -1,0 +1,32 @@
+// A weight matrix prepared for the SIMD kernels in the chosen format. bf16 and f32 weights stored in
+// that format are used in place from the memory map; other combinations (q8, or a dtype change) are
+// converted once at load into storage this object owns.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/kernels/matmul.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace gemma4rt::backend {
+
+struct PreparedWeight {
+  kernels::WeightMatrix matrix;      // what the kernels read
+  std::vector<uint16_t> owned_bf16;
+  std::vector<float> owned_f32;
+  std::vector<int8_t> owned_q8;
+  std::vector<float> owned_scales;
+
+  // Bytes one full pass over this weight reads.
+  size_t read_bytes() const { return static_cast<size_t>(weight_bytes(matrix.rows, matrix.cols, matrix.format)); }
+  // Bytes held here rather than in the memory map.
+  size_t owned_bytes() const { return owned_bf16.size() * 2 + owned_f32.size() * 4 + owned_q8.size() + owned_scales.size() * 4; }
+};
+
+// Prepares `view` for the kernels in `format`; `pool` parallelises conversion and quantisation.
+PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, ThreadPool& pool);
+
+}  // namespace gemma4rt::backend

@@ -1,0 +1,97 @@
+// What the two CPU backends share: buffers in host memory, a thread pool, eager execution of every op
+// as it is issued, and the ops' loops (rows, heads, experts, tensor-parallel collectives). What differs
+// between them is only the arithmetic, which each supplies through the kernel hooks below: the SIMD
+// kernels (backend/cpu) or the scalar fp32 reference kernels (backend/reference).
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/thread_pool.h"
+
+namespace gemma4rt::backend {
+
+class HostBackend : public Backend {
+ public:
+  explicit HostBackend(int threads);
+
+  int threads() const override { return pool_.size(); }
+
+  Buffer allocate(size_t bytes) override;
+  void upload(Buffer destination, size_t offset, const void* source, size_t bytes) override;
+  void download(Buffer source, size_t offset, void* destination, size_t bytes) override;
+  Weight prepare_weight(const TensorView& view, WeightFormat format) override;
+  size_t buffer_bytes() const override { return buffer_bytes_; }
+  double measure_read_bandwidth() override;
+
+  void matmul(Buffer x, int rows, Weight weight, Buffer y) override;
+  void rms_norm(Buffer x, int64_t rows, int width, Buffer weight, float eps, Buffer out) override;
+  void scale(Buffer x, int64_t count, float factor) override;
+  void scale_columns(Buffer x, int rows, int width, Buffer weights, float factor) override;
+  void add(Buffer y, Buffer x, int64_t count) override;
+  void copy(Buffer source, Buffer destination, int64_t count) override;
+  void gelu_multiply(Buffer gate, Buffer up, int rows, int width, int64_t up_stride, int64_t up_offset) override;
+  void combine_per_layer_inputs(Buffer context, Buffer inputs, int64_t count, float embed_scale, float combine_scale) override;
+  void rope(Buffer queries, int query_heads, Buffer keys, int key_heads, int rows, int head_dim, Buffer row_table,
+            Buffer inverse_frequencies) override;
+  void store_kv(Buffer source, int rows, int64_t row_elements, Buffer row_table, Buffer cache, int capacity, KvFormat format) override;
+  void attention(Buffer queries, int rows, Buffer row_table, Buffer keys, Buffer values, const AttentionShape& shape, Buffer out) override;
+  void route_experts(Buffer router_logits, int rows, int experts, int top_k, Buffer per_expert_scale, Buffer chosen_experts,
+                     Buffer chosen_weights) override;
+  void expert_feed_forward(Buffer input, int rows, Buffer chosen_experts, Buffer chosen_weights, const ExpertSet& experts,
+                           Buffer out) override;
+  void gather_rows(Buffer source, Buffer row_ids, int rows, int width, Buffer out) override;
+  void softcap(Buffer values, int64_t count, float cap) override;
+  void argmax(Buffer values, int rows, int width, Buffer ids) override;
+  void all_reduce_sum(Buffer values, int64_t count, parallel::Communicator& communicator) override;
+  void all_gather_rows(Buffer local, int rows, std::span<const size_t> counts, Buffer out, parallel::Communicator& communicator) override;
+
+ protected:
+  // ---- kernel hooks: the arithmetic each CPU backend brings
+  // Keeps whatever the backend's products read for weight `id` (in place or converted).
+  virtual void store_weight(int32_t id, const TensorView& view, WeightFormat format) = 0;
+  // y = x W^T for `rows` rows of weight `id`; may use the pool.
+  virtual void multiply(const float* x, int rows, int32_t id, float* y) = 0;
+  virtual void norm_row(const float* x, int64_t width, const float* weight, float eps, float* out) = 0;
+  virtual void gelu_multiply_span(float* gate, const float* up, int64_t count) = 0;
+  virtual void add_span(float* y, const float* x, int64_t count) = 0;
+  virtual void rotate_heads(float* heads, int count, int head_dim, const float* cos, const float* sin) = 0;
+  virtual void store_kv_row(const float* source, int64_t count, KvFormat format, void* destination) = 0;
+  // `group` query heads that share one KV head against the listed cached slots (see kernels::attend_group).
+  virtual void attend_group(const float* queries, int group, int head_dim, const std::byte* keys, const std::byte* values,
+                            KvFormat format, int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) = 0;
+  virtual void softcap_span(float* values, int64_t count, float cap) = 0;
+  virtual void router_softmax(float* values, int64_t count) = 0;
+
+  template <typename T = float>
+  T* data(Buffer buffer) {
+    return reinterpret_cast<T*>(buffers_.at(static_cast<size_t>(buffer.id)).get());
+  }
+  ThreadPool& pool() { return pool_; }
+
+ private:
+  struct FreeDeleter {
+    void operator()(std::byte* pointer) const { std::free(pointer); }
+  };
+  // Grow-only scratch: sized by the first step at each shape, so later steps allocate nothing.
+  static void reserve(std::vector<float>& scratch, size_t size) {
+    if (scratch.size() < size) scratch.resize(size);
+  }
+
+  ThreadPool pool_;
+  std::vector<std::unique_ptr<std::byte, FreeDeleter>> buffers_;
+  size_t buffer_bytes_ = 0;
+  int32_t weight_count_ = 0;
+  // Attention: scores and slot lists, one block per thread.
+  std::vector<float> attention_scores_;
+  std::vector<int32_t> attention_slots_;
+  std::vector<float> rope_cos_, rope_sin_;
+  // Mixture of experts: per expert the rows that chose it, their inputs and intermediate products.
+  std::vector<int> expert_rows_;
+  std::vector<float> expert_gathered_, expert_hidden_, expert_activated_, expert_output_;
+};
+
+}  // namespace gemma4rt::backend
