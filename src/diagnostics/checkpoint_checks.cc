@@ -27,7 +27,6 @@ namespace {
 using nlohmann::json;
 
 // checkpoint_tensors() names keys with the released prefix; other layouts are mapped onto it.
-constexpr const char* kReleasedPrefix = "model.language_model.";
 // A FAIL message lists at most this many tensor names, then a count of the rest.
 constexpr size_t kNamesShown = 8;
 
@@ -66,17 +65,15 @@ std::string human_count(int64_t count) {
   return std::to_string(count);
 }
 
-// The key prefix the loader will pick (model/weights.cc chooses the same way).
-std::string detect_key_prefix(const Checkpoint& checkpoint) {
-  for (const char* prefix : {"model.language_model.", "model.", ""}) {
-    if (checkpoint.find(std::string(prefix) + "embed_tokens.weight") != nullptr) return prefix;
+// The tensors of the Per-Layer Embeddings, which a stripped checkpoint lacks.
+bool is_per_layer_input(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kPerLayerEmbedding: case TensorKind::kPerLayerModelProjection: case TensorKind::kPerLayerProjectionNorm:
+    case TensorKind::kPerLayerInputGate: case TensorKind::kPerLayerProjection: case TensorKind::kPostPerLayerInputNorm:
+      return true;
+    default:
+      return false;
   }
-  return kReleasedPrefix;
-}
-
-std::string with_prefix(const std::string& released_name, const std::string& prefix) {
-  if (released_name.starts_with(kReleasedPrefix)) return prefix + released_name.substr(std::string(kReleasedPrefix).size());
-  return released_name;  // lm_head.weight is stored without a prefix
 }
 
 // A view whose values can be read, q8 block scales attached.
@@ -163,7 +160,11 @@ class Doctor {
     result(CheckStatus::kWarn, "skipped (no usable tokenizer.json)");
     return true;
   }
-  std::string stored_name(const std::string& released_name) const { return with_prefix(released_name, prefix_); }
+  // The name a tensor has in this checkpoint (its key prefix may differ from the released one).
+  std::string stored_name(const TensorSpec& spec) const { return tensor_key_is_prefixed(spec.kind) ? prefix_ + spec.key : spec.key; }
+  std::string stored_name(TensorKind kind, int layer = -1) const {
+    return tensor_key_is_prefixed(kind) ? prefix_ + tensor_key(kind, layer) : tensor_key(kind, layer);
+  }
 
   void check_config() {
     if (!std::filesystem::is_directory(dir_)) fail("{}: not a directory (expected a Hugging Face checkpoint directory)", dir_.string());
@@ -196,7 +197,7 @@ class Doctor {
     std::set<int> layers_with_wrong_attention;
     const std::vector<TensorSpec> specs = checkpoint_tensors(config);
     for (const TensorSpec& spec : specs) {
-      const std::string name = stored_name(spec.name);
+      const std::string name = stored_name(spec);
       needed_.insert(name);
       const StoredTensor* stored = checkpoint_->find(name);
       if (stored == nullptr) {
@@ -206,10 +207,7 @@ class Doctor {
       ++dtype_counts_[stored->dtype_name];
       if (stored->shape != spec.shape) {
         misshaped.push_back(fmt::format("{} is {} (config: {})", name, shape_to_string(stored->shape), shape_to_string(spec.shape)));
-        if (name.find(".self_attn.") != std::string::npos) {
-          const size_t start = name.find("layers.") + 7;
-          layers_with_wrong_attention.insert(std::stoi(name.substr(start)));
-        }
+        if (spec.is_attention()) layers_with_wrong_attention.insert(spec.layer);
       }
       if (stored->dtype_name == "I8") {
         needed_.insert(name + "_scale");
@@ -219,7 +217,7 @@ class Doctor {
       }
     }
     // A stored head is used even when the config ties it (the loader prefers what is stored).
-    if (config.tie_word_embeddings && checkpoint_->find("lm_head.weight") != nullptr) needed_.insert("lm_head.weight");
+    if (config.tie_word_embeddings && checkpoint_->find(stored_name(TensorKind::kLmHead)) != nullptr) needed_.insert(stored_name(TensorKind::kLmHead));
 
     std::vector<std::string> problems;
     // Attention shapes follow the layer type, so a mis-shaped attention block usually means layer_types
@@ -247,7 +245,7 @@ class Doctor {
   std::string describe_layer_disagreement(int layer) const {
     const ModelConfig& config = *config_;
     const LayerConfig& geometry = config.layers.at(layer);
-    const StoredTensor* q_proj = checkpoint_->find(stored_name(fmt::format("{}layers.{}.self_attn.q_proj.weight", kReleasedPrefix, layer)));
+    const StoredTensor* q_proj = checkpoint_->find(stored_name(TensorKind::kQProj, layer));
     const std::string said = geometry.is_sliding() ? "sliding_attention" : "full_attention";
     if (q_proj != nullptr && q_proj->shape.size() == 2) {
       const int other_head_dim =
@@ -263,7 +261,7 @@ class Doctor {
   void check_per_layer_embeddings() {
     if (skip_without_checkpoint()) return;
     const ModelConfig& config = *config_;
-    const std::string table_name = stored_name(std::string(kReleasedPrefix) + "embed_tokens_per_layer.weight");
+    const std::string table_name = stored_name(TensorKind::kPerLayerEmbedding);
     const StoredTensor* table = checkpoint_->find(table_name);
     if (!config.has_per_layer_inputs()) {
       if (table != nullptr) {
@@ -275,8 +273,7 @@ class Doctor {
     }
     std::vector<std::string> missing;
     for (const TensorSpec& spec : checkpoint_tensors(config)) {
-      const bool per_layer = spec.name.find("per_layer") != std::string::npos;
-      if (per_layer && checkpoint_->find(stored_name(spec.name)) == nullptr) missing.push_back(stored_name(spec.name));
+      if (is_per_layer_input(spec.kind) && checkpoint_->find(stored_name(spec)) == nullptr) missing.push_back(stored_name(spec));
     }
     if (!missing.empty()) {
       fail("hidden_size_per_layer_input is {} but {} PLE tensors are missing (the checkpoint was stripped of its per-layer embeddings): {}",
@@ -306,7 +303,7 @@ class Doctor {
     std::vector<std::string> missing, broken;
     std::vector<float> values;
     for (int layer = 0; layer < config.num_layers; ++layer) {
-      const std::string name = stored_name(fmt::format("{}layers.{}.layer_scalar", kReleasedPrefix, layer));
+      const std::string name = stored_name(TensorKind::kLayerScalar, layer);
       const StoredTensor* stored = checkpoint_->find(name);
       if (stored == nullptr) {
         missing.push_back(name);
@@ -359,9 +356,10 @@ class Doctor {
     }
     // Released E-model checkpoints still carry K/V projections for shared layers; the model never reads them.
     for (int layer : shared) {
-      for (const char* part : {"k_proj.weight", "v_proj.weight", "k_norm.weight", "k_proj.weight_scale", "v_proj.weight_scale"}) {
-        const std::string name = stored_name(fmt::format("{}layers.{}.self_attn.{}", kReleasedPrefix, layer, part));
-        if (checkpoint_->find(name) != nullptr) stale_kv_.insert(name);
+      for (const TensorKind kind : {TensorKind::kKProj, TensorKind::kVProj, TensorKind::kKNorm}) {
+        for (const std::string& name : {stored_name(kind, layer), stored_name(kind, layer) + "_scale"}) {
+          if (checkpoint_->find(name) != nullptr) stale_kv_.insert(name);
+        }
       }
     }
     if (stale_kv_.empty()) {
@@ -591,7 +589,7 @@ class Doctor {
 
   std::optional<ModelConfig> config_;
   std::unique_ptr<Checkpoint> checkpoint_;
-  std::string prefix_ = kReleasedPrefix;
+  std::string prefix_ = kReleasedKeyPrefix;
   std::set<std::string> needed_;    // stored names the forward pass reads
   std::set<std::string> stale_kv_;  // K/V tensors of KV-shared layers
   std::map<std::string, int> dtype_counts_;
@@ -634,7 +632,7 @@ ParameterCounts count_parameters(const ModelConfig& config) {
   for (const TensorSpec& spec : checkpoint_tensors(config)) {
     counts.total += spec.element_count();
     if (spec.role == TensorRole::kPerLayerEmbedding) counts.per_layer_embedding += spec.element_count();
-    if (spec.name.find(".experts.") != std::string::npos) experts += spec.element_count();
+    if (spec.is_expert()) experts += spec.element_count();
   }
   if (config.enable_moe_block && config.num_experts > 0) {
     counts.inactive_experts = experts / config.num_experts * (config.num_experts - config.top_k_experts);

@@ -157,69 +157,123 @@ int64_t TensorSpec::element_count() const {
   return count;
 }
 
+bool TensorSpec::is_attention() const {
+  switch (kind) {
+    case TensorKind::kQProj: case TensorKind::kQNorm: case TensorKind::kKProj: case TensorKind::kKNorm:
+    case TensorKind::kVProj: case TensorKind::kOProj:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool TensorSpec::is_expert() const { return kind == TensorKind::kExpertsGateUp || kind == TensorKind::kExpertsDown; }
+
+std::string tensor_key(TensorKind kind, int layer) {
+  const auto in_layer = [layer](const char* name) { return fmt::format("layers.{}.{}", layer, name); };
+  switch (kind) {
+    case TensorKind::kTokenEmbedding: return "embed_tokens.weight";
+    case TensorKind::kPerLayerEmbedding: return "embed_tokens_per_layer.weight";
+    case TensorKind::kPerLayerModelProjection: return "per_layer_model_projection.weight";
+    case TensorKind::kPerLayerProjectionNorm: return "per_layer_projection_norm.weight";
+    case TensorKind::kFinalNorm: return "norm.weight";
+    case TensorKind::kLmHead: return "lm_head.weight";
+    case TensorKind::kInputNorm: return in_layer("input_layernorm.weight");
+    case TensorKind::kQProj: return in_layer("self_attn.q_proj.weight");
+    case TensorKind::kQNorm: return in_layer("self_attn.q_norm.weight");
+    case TensorKind::kKProj: return in_layer("self_attn.k_proj.weight");
+    case TensorKind::kKNorm: return in_layer("self_attn.k_norm.weight");
+    case TensorKind::kVProj: return in_layer("self_attn.v_proj.weight");
+    case TensorKind::kOProj: return in_layer("self_attn.o_proj.weight");
+    case TensorKind::kPostAttentionNorm: return in_layer("post_attention_layernorm.weight");
+    case TensorKind::kPreFeedforwardNorm: return in_layer("pre_feedforward_layernorm.weight");
+    case TensorKind::kGateProj: return in_layer("mlp.gate_proj.weight");
+    case TensorKind::kUpProj: return in_layer("mlp.up_proj.weight");
+    case TensorKind::kDownProj: return in_layer("mlp.down_proj.weight");
+    case TensorKind::kPostFeedforwardNorm: return in_layer("post_feedforward_layernorm.weight");
+    case TensorKind::kPostFeedforwardNorm1: return in_layer("post_feedforward_layernorm_1.weight");
+    case TensorKind::kRouterProj: return in_layer("router.proj.weight");
+    case TensorKind::kRouterScale: return in_layer("router.scale");
+    case TensorKind::kPerExpertScale: return in_layer("router.per_expert_scale");
+    case TensorKind::kPreFeedforwardNorm2: return in_layer("pre_feedforward_layernorm_2.weight");
+    case TensorKind::kExpertsGateUp: return in_layer("experts.gate_up_proj");
+    case TensorKind::kExpertsDown: return in_layer("experts.down_proj");
+    case TensorKind::kPostFeedforwardNorm2: return in_layer("post_feedforward_layernorm_2.weight");
+    case TensorKind::kPerLayerInputGate: return in_layer("per_layer_input_gate.weight");
+    case TensorKind::kPerLayerProjection: return in_layer("per_layer_projection.weight");
+    case TensorKind::kPostPerLayerInputNorm: return in_layer("post_per_layer_input_norm.weight");
+    case TensorKind::kLayerScalar: return in_layer("layer_scalar");
+  }
+  return "?";
+}
+
+bool tensor_key_is_prefixed(TensorKind kind) { return kind != TensorKind::kLmHead; }
+
 std::vector<TensorSpec> checkpoint_tensors(const ModelConfig& config) {
-  const std::string prefix = "model.language_model.";
   const int64_t hidden = config.hidden_size;
   std::vector<TensorSpec> tensors;
-  auto add = [&](const std::string& key, std::vector<int64_t> shape, TensorRole role) {
-    tensors.push_back({prefix + key, std::move(shape), role});
+  int current_layer = -1;
+  auto add = [&](TensorKind kind, std::vector<int64_t> shape, TensorRole role) {
+    std::string key = tensor_key(kind, current_layer);
+    std::string name = tensor_key_is_prefixed(kind) ? kReleasedKeyPrefix + key : key;
+    tensors.push_back({std::move(name), std::move(key), std::move(shape), role, kind, current_layer});
   };
 
-  add("embed_tokens.weight", {config.vocab_size, hidden}, TensorRole::kTokenEmbedding);
+  add(TensorKind::kTokenEmbedding, {config.vocab_size, hidden}, TensorRole::kTokenEmbedding);
   if (config.has_per_layer_inputs()) {
     const int64_t width = config.hidden_size_per_layer_input;
     const int64_t packed = config.num_layers * width;
-    add("embed_tokens_per_layer.weight", {config.vocab_size_per_layer_input, packed}, TensorRole::kPerLayerEmbedding);
-    add("per_layer_model_projection.weight", {packed, hidden}, TensorRole::kLinear);
-    add("per_layer_projection_norm.weight", {width}, TensorRole::kNorm);
+    add(TensorKind::kPerLayerEmbedding, {config.vocab_size_per_layer_input, packed}, TensorRole::kPerLayerEmbedding);
+    add(TensorKind::kPerLayerModelProjection, {packed, hidden}, TensorRole::kLinear);
+    add(TensorKind::kPerLayerProjectionNorm, {width}, TensorRole::kNorm);
   }
-  add("norm.weight", {hidden}, TensorRole::kNorm);
+  add(TensorKind::kFinalNorm, {hidden}, TensorRole::kNorm);
   // Released checkpoints tie the LM head to the embedding and do not store it.
-  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}, TensorRole::kLinear});
+  if (!config.tie_word_embeddings) add(TensorKind::kLmHead, {config.vocab_size, hidden}, TensorRole::kLinear);
 
   for (int index = 0; index < config.num_layers; ++index) {
+    current_layer = index;
     const LayerConfig& geometry = config.layers.at(index);
-    const std::string layer = fmt::format("layers.{}.", index);
     const int64_t head_dim = geometry.head_dim;
     const int64_t q_rows = static_cast<int64_t>(geometry.num_query_heads) * head_dim;
     const int64_t kv_rows = static_cast<int64_t>(geometry.num_kv_heads) * head_dim;
     const int64_t intermediate = geometry.mlp_intermediate_size;
 
-    add(layer + "input_layernorm.weight", {hidden}, TensorRole::kNorm);
-    add(layer + "self_attn.q_proj.weight", {q_rows, hidden}, TensorRole::kLinear);
-    add(layer + "self_attn.q_norm.weight", {head_dim}, TensorRole::kNorm);
+    add(TensorKind::kInputNorm, {hidden}, TensorRole::kNorm);
+    add(TensorKind::kQProj, {q_rows, hidden}, TensorRole::kLinear);
+    add(TensorKind::kQNorm, {head_dim}, TensorRole::kNorm);
     // KV-shared layers read their source's K/V and have no projections of their own.
     if (geometry.owns_kv(index)) {
-      add(layer + "self_attn.k_proj.weight", {kv_rows, hidden}, TensorRole::kLinear);
-      add(layer + "self_attn.k_norm.weight", {head_dim}, TensorRole::kNorm);
-      if (!geometry.k_eq_v) add(layer + "self_attn.v_proj.weight", {kv_rows, hidden}, TensorRole::kLinear);
+      add(TensorKind::kKProj, {kv_rows, hidden}, TensorRole::kLinear);
+      add(TensorKind::kKNorm, {head_dim}, TensorRole::kNorm);
+      if (!geometry.k_eq_v) add(TensorKind::kVProj, {kv_rows, hidden}, TensorRole::kLinear);
     }
-    add(layer + "self_attn.o_proj.weight", {hidden, q_rows}, TensorRole::kLinear);
-    add(layer + "post_attention_layernorm.weight", {hidden}, TensorRole::kNorm);
-    add(layer + "pre_feedforward_layernorm.weight", {hidden}, TensorRole::kNorm);
-    add(layer + "mlp.gate_proj.weight", {intermediate, hidden}, TensorRole::kLinear);
-    add(layer + "mlp.up_proj.weight", {intermediate, hidden}, TensorRole::kLinear);
-    add(layer + "mlp.down_proj.weight", {hidden, intermediate}, TensorRole::kLinear);
+    add(TensorKind::kOProj, {hidden, q_rows}, TensorRole::kLinear);
+    add(TensorKind::kPostAttentionNorm, {hidden}, TensorRole::kNorm);
+    add(TensorKind::kPreFeedforwardNorm, {hidden}, TensorRole::kNorm);
+    add(TensorKind::kGateProj, {intermediate, hidden}, TensorRole::kLinear);
+    add(TensorKind::kUpProj, {intermediate, hidden}, TensorRole::kLinear);
+    add(TensorKind::kDownProj, {hidden, intermediate}, TensorRole::kLinear);
     if (config.enable_moe_block) {
       const int64_t experts = config.num_experts;
       const int64_t expert_width = config.moe_intermediate_size;
-      add(layer + "post_feedforward_layernorm_1.weight", {hidden}, TensorRole::kNorm);
-      add(layer + "router.proj.weight", {experts, hidden}, TensorRole::kLinear);
-      add(layer + "router.scale", {hidden}, TensorRole::kNorm);
-      add(layer + "router.per_expert_scale", {experts}, TensorRole::kNorm);
-      add(layer + "pre_feedforward_layernorm_2.weight", {hidden}, TensorRole::kNorm);
-      add(layer + "experts.gate_up_proj", {experts, 2 * expert_width, hidden}, TensorRole::kLinear);
-      add(layer + "experts.down_proj", {experts, hidden, expert_width}, TensorRole::kLinear);
-      add(layer + "post_feedforward_layernorm_2.weight", {hidden}, TensorRole::kNorm);
+      add(TensorKind::kPostFeedforwardNorm1, {hidden}, TensorRole::kNorm);
+      add(TensorKind::kRouterProj, {experts, hidden}, TensorRole::kLinear);
+      add(TensorKind::kRouterScale, {hidden}, TensorRole::kNorm);
+      add(TensorKind::kPerExpertScale, {experts}, TensorRole::kNorm);
+      add(TensorKind::kPreFeedforwardNorm2, {hidden}, TensorRole::kNorm);
+      add(TensorKind::kExpertsGateUp, {experts, 2 * expert_width, hidden}, TensorRole::kLinear);
+      add(TensorKind::kExpertsDown, {experts, hidden, expert_width}, TensorRole::kLinear);
+      add(TensorKind::kPostFeedforwardNorm2, {hidden}, TensorRole::kNorm);
     }
-    add(layer + "post_feedforward_layernorm.weight", {hidden}, TensorRole::kNorm);
+    add(TensorKind::kPostFeedforwardNorm, {hidden}, TensorRole::kNorm);
     if (config.has_per_layer_inputs()) {
       const int64_t width = config.hidden_size_per_layer_input;
-      add(layer + "per_layer_input_gate.weight", {width, hidden}, TensorRole::kLinear);
-      add(layer + "per_layer_projection.weight", {hidden, width}, TensorRole::kLinear);
-      add(layer + "post_per_layer_input_norm.weight", {hidden}, TensorRole::kNorm);
+      add(TensorKind::kPerLayerInputGate, {width, hidden}, TensorRole::kLinear);
+      add(TensorKind::kPerLayerProjection, {hidden, width}, TensorRole::kLinear);
+      add(TensorKind::kPostPerLayerInputNorm, {hidden}, TensorRole::kNorm);
     }
-    add(layer + "layer_scalar", {1}, TensorRole::kLayerScalar);
+    add(TensorKind::kLayerScalar, {1}, TensorRole::kLayerScalar);
   }
   return tensors;
 }

@@ -32,12 +32,40 @@ enum class TensorRole {
   kLayerScalar,         // layers.N.layer_scalar [1]
 };
 
+// Which tensor of the model it is. The loader fills ModelWeights by it, the planner shards by it, the
+// doctor and make-model read it: the checkpoint's key text is written once, in tensor_key().
+enum class TensorKind {
+  // outside the decoder layers
+  kTokenEmbedding, kPerLayerEmbedding, kPerLayerModelProjection, kPerLayerProjectionNorm, kFinalNorm, kLmHead,
+  // one decoder layer
+  kInputNorm, kQProj, kQNorm, kKProj, kKNorm, kVProj, kOProj, kPostAttentionNorm,
+  kPreFeedforwardNorm, kGateProj, kUpProj, kDownProj, kPostFeedforwardNorm,
+  kPostFeedforwardNorm1, kRouterProj, kRouterScale, kPerExpertScale, kPreFeedforwardNorm2, kExpertsGateUp, kExpertsDown,
+  kPostFeedforwardNorm2,
+  kPerLayerInputGate, kPerLayerProjection, kPostPerLayerInputNorm,
+  kLayerScalar,
+};
+
+// The key prefix of the language model's tensors in released checkpoints (lm_head.weight has none).
+inline constexpr const char* kReleasedKeyPrefix = "model.language_model.";
+
+// The checkpoint key of a tensor without the prefix ("layers.7.self_attn.q_proj.weight"); `layer` is
+// ignored for tensors outside the decoder layers.
+std::string tensor_key(TensorKind kind, int layer = -1);
+// Whether the key takes the language-model prefix (all but an untied lm_head.weight).
+bool tensor_key_is_prefixed(TensorKind kind);
+
 struct TensorSpec {
-  std::string name;             // full checkpoint key
+  std::string name;             // full checkpoint key, as released checkpoints spell it
+  std::string key;              // without the prefix (tensor_key)
   std::vector<int64_t> shape;
   TensorRole role = TensorRole::kLinear;
+  TensorKind kind = TensorKind::kTokenEmbedding;
+  int layer = -1;               // decoder layer, -1 outside the layers
 
   int64_t element_count() const;
+  bool is_attention() const;    // q/k/v/o projections and q/k norms
+  bool is_expert() const;       // the stacked expert tensors of a MoE layer
 };
 
 // Every tensor the loader (model/weights.cc) reads for this config, with the released checkpoints'

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "model/model_shapes.h"
 
 namespace gemma4rt {
 namespace {
@@ -48,7 +49,7 @@ class TensorResolver {
     const std::string scale_name = view.name + "_scale";
     const StoredTensor* scales = checkpoint_.find(scale_name);
     std::vector<int64_t> expected = view.shape;
-    expected.back() = (expected.back() + kQ8BlockValues - 1) / kQ8BlockValues;
+    expected.back() = q8_blocks_per_row(expected.back());
     if (scales == nullptr) fail("q8 tensor {} has no block scales {}", view.name, scale_name);
     if (scales->dtype_name != "F32" || scales->shape != expected) {
       fail("q8 block scales {} must be F32 of shape {}, got {} {}", scale_name, shape_to_string(expected), scales->dtype_name,
@@ -64,88 +65,70 @@ class TensorResolver {
   std::set<std::string> used_;
 };
 
-std::string detect_prefix(const Checkpoint& checkpoint) {
-  for (const char* prefix : {"model.language_model.", "model.", ""}) {
-    if (checkpoint.find(std::string(prefix) + "embed_tokens.weight") != nullptr) return prefix;
+// Where a tensor of the table (model/model_shapes.h) goes in ModelWeights.
+TensorView& destination(ModelWeights& weights, const TensorSpec& spec) {
+  LayerWeights* layer = spec.layer >= 0 ? &weights.layers[static_cast<size_t>(spec.layer)] : nullptr;
+  auto moe = [&]() -> MoeWeights& { return layer->moe ? *layer->moe : layer->moe.emplace(); };
+  auto ple = [&]() -> PerLayerInputWeights& { return layer->per_layer_input ? *layer->per_layer_input : layer->per_layer_input.emplace(); };
+  switch (spec.kind) {
+    case TensorKind::kTokenEmbedding: return weights.embed_tokens;
+    case TensorKind::kPerLayerEmbedding: return weights.embed_tokens_per_layer;
+    case TensorKind::kPerLayerModelProjection: return weights.per_layer_model_projection;
+    case TensorKind::kPerLayerProjectionNorm: return weights.per_layer_projection_norm;
+    case TensorKind::kFinalNorm: return weights.final_norm;
+    case TensorKind::kLmHead: return weights.lm_head;
+    case TensorKind::kInputNorm: return layer->input_norm;
+    case TensorKind::kQProj: return layer->attention.q_proj;
+    case TensorKind::kQNorm: return layer->attention.q_norm;
+    case TensorKind::kKProj: return layer->attention.k_proj;
+    case TensorKind::kKNorm: return layer->attention.k_norm;
+    case TensorKind::kVProj: return layer->attention.v_proj;
+    case TensorKind::kOProj: return layer->attention.o_proj;
+    case TensorKind::kPostAttentionNorm: return layer->post_attention_norm;
+    case TensorKind::kPreFeedforwardNorm: return layer->pre_feedforward_norm;
+    case TensorKind::kGateProj: return layer->mlp.gate_proj;
+    case TensorKind::kUpProj: return layer->mlp.up_proj;
+    case TensorKind::kDownProj: return layer->mlp.down_proj;
+    case TensorKind::kPostFeedforwardNorm: return layer->post_feedforward_norm;
+    case TensorKind::kPostFeedforwardNorm1: return moe().post_feedforward_norm_1;
+    case TensorKind::kRouterProj: return moe().router_proj;
+    case TensorKind::kRouterScale: return moe().router_scale;
+    case TensorKind::kPerExpertScale: return moe().per_expert_scale;
+    case TensorKind::kPreFeedforwardNorm2: return moe().pre_feedforward_norm_2;
+    case TensorKind::kExpertsGateUp: return moe().gate_up_proj;
+    case TensorKind::kExpertsDown: return moe().down_proj;
+    case TensorKind::kPostFeedforwardNorm2: return moe().post_feedforward_norm_2;
+    case TensorKind::kPerLayerInputGate: return ple().input_gate;
+    case TensorKind::kPerLayerProjection: return ple().projection;
+    case TensorKind::kPostPerLayerInputNorm: return ple().post_norm;
+    case TensorKind::kLayerScalar: return layer->layer_scalar;
   }
-  return "model.language_model.";  // what released checkpoints use; errors will name keys with it
+  fail("tensor {} has no place in the model's weights", spec.name);
 }
 
 }  // namespace
 
 ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig& config, const std::string& source) {
   ModelWeights weights;
-  weights.key_prefix = detect_prefix(checkpoint);
+  weights.key_prefix = detect_key_prefix(checkpoint);
   TensorResolver resolver(checkpoint, weights.key_prefix);
-  const int64_t hidden = config.hidden_size;
-  const int64_t vocab = config.vocab_size;
-
-  weights.embed_tokens = resolver.require("embed_tokens.weight", {vocab, hidden});
-  weights.final_norm = resolver.require("norm.weight", {hidden});
-  if (checkpoint.find("lm_head.weight") != nullptr) {
-    weights.lm_head = resolver.require_unprefixed("lm_head.weight", {vocab, hidden});
+  weights.layers.resize(static_cast<size_t>(config.num_layers));
+  // Every tensor of the config's table; a stored lm_head.weight is used even when the config ties it.
+  const TensorSpec* untied_head = nullptr;
+  const std::vector<TensorSpec> tensors = checkpoint_tensors(config);
+  for (const TensorSpec& spec : tensors) {
+    if (spec.kind == TensorKind::kLmHead) {
+      untied_head = &spec;
+      continue;
+    }
+    destination(weights, spec) = resolver.require(spec.key, spec.shape);
+  }
+  const std::string head_key = tensor_key(TensorKind::kLmHead);
+  if (untied_head != nullptr || checkpoint.find(head_key) != nullptr) {
+    weights.lm_head = resolver.require_unprefixed(head_key, {config.vocab_size, config.hidden_size});
     weights.lm_head_tied = false;
   } else {
     weights.lm_head = weights.embed_tokens;
-  }
-  if (config.has_per_layer_inputs()) {
-    const int64_t packed = static_cast<int64_t>(config.num_layers) * config.hidden_size_per_layer_input;
-    weights.embed_tokens_per_layer = resolver.require("embed_tokens_per_layer.weight", {config.vocab_size_per_layer_input, packed});
-    weights.per_layer_model_projection = resolver.require("per_layer_model_projection.weight", {packed, hidden});
-    weights.per_layer_projection_norm = resolver.require("per_layer_projection_norm.weight", {config.hidden_size_per_layer_input});
-  }
-
-  for (int index = 0; index < config.num_layers; ++index) {
-    const LayerConfig& geometry = config.layers[index];
-    const std::string layer = fmt::format("layers.{}.", index);
-    LayerWeights lw;
-    lw.input_norm = resolver.require(layer + "input_layernorm.weight", {hidden});
-    lw.post_attention_norm = resolver.require(layer + "post_attention_layernorm.weight", {hidden});
-    lw.pre_feedforward_norm = resolver.require(layer + "pre_feedforward_layernorm.weight", {hidden});
-    lw.post_feedforward_norm = resolver.require(layer + "post_feedforward_layernorm.weight", {hidden});
-    lw.layer_scalar = resolver.require(layer + "layer_scalar", {1});
-
-    const int64_t head_dim = geometry.head_dim;
-    const int64_t q_rows = geometry.num_query_heads * head_dim;
-    const int64_t kv_rows = geometry.num_kv_heads * head_dim;
-    AttentionWeights& attention = lw.attention;
-    attention.q_proj = resolver.require(layer + "self_attn.q_proj.weight", {q_rows, hidden});
-    attention.o_proj = resolver.require(layer + "self_attn.o_proj.weight", {hidden, q_rows});
-    attention.q_norm = resolver.require(layer + "self_attn.q_norm.weight", {head_dim});
-    if (geometry.owns_kv(index)) {
-      attention.k_proj = resolver.require(layer + "self_attn.k_proj.weight", {kv_rows, hidden});
-      attention.k_norm = resolver.require(layer + "self_attn.k_norm.weight", {head_dim});
-      if (!geometry.k_eq_v) attention.v_proj = resolver.require(layer + "self_attn.v_proj.weight", {kv_rows, hidden});
-    }
-
-    const int64_t intermediate = geometry.mlp_intermediate_size;
-    lw.mlp.gate_proj = resolver.require(layer + "mlp.gate_proj.weight", {intermediate, hidden});
-    lw.mlp.up_proj = resolver.require(layer + "mlp.up_proj.weight", {intermediate, hidden});
-    lw.mlp.down_proj = resolver.require(layer + "mlp.down_proj.weight", {hidden, intermediate});
-
-    if (config.enable_moe_block) {
-      const int64_t experts = config.num_experts;
-      const int64_t expert_width = config.moe_intermediate_size;
-      MoeWeights moe;
-      moe.router_proj = resolver.require(layer + "router.proj.weight", {experts, hidden});
-      moe.router_scale = resolver.require(layer + "router.scale", {hidden});
-      moe.per_expert_scale = resolver.require(layer + "router.per_expert_scale", {experts});
-      moe.gate_up_proj = resolver.require(layer + "experts.gate_up_proj", {experts, 2 * expert_width, hidden});
-      moe.down_proj = resolver.require(layer + "experts.down_proj", {experts, hidden, expert_width});
-      moe.pre_feedforward_norm_2 = resolver.require(layer + "pre_feedforward_layernorm_2.weight", {hidden});
-      moe.post_feedforward_norm_1 = resolver.require(layer + "post_feedforward_layernorm_1.weight", {hidden});
-      moe.post_feedforward_norm_2 = resolver.require(layer + "post_feedforward_layernorm_2.weight", {hidden});
-      lw.moe = moe;
-    }
-    if (config.has_per_layer_inputs()) {
-      const int64_t width = config.hidden_size_per_layer_input;
-      PerLayerInputWeights ple;
-      ple.input_gate = resolver.require(layer + "per_layer_input_gate.weight", {width, hidden});
-      ple.projection = resolver.require(layer + "per_layer_projection.weight", {hidden, width});
-      ple.post_norm = resolver.require(layer + "post_per_layer_input_norm.weight", {hidden});
-      lw.per_layer_input = ple;
-    }
-    weights.layers.push_back(std::move(lw));
   }
 
   if (!resolver.problems().empty()) {
@@ -164,6 +147,14 @@ ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig&
     if (language_model && !other_tower && !resolver.used().contains(name)) weights.unused_tensors.push_back(name);
   }
   return weights;
+}
+
+std::string detect_key_prefix(const Checkpoint& checkpoint) {
+  const std::string embedding = tensor_key(TensorKind::kTokenEmbedding);
+  for (const char* prefix : {kReleasedKeyPrefix, "model.", ""}) {
+    if (checkpoint.find(prefix + embedding) != nullptr) return prefix;
+  }
+  return kReleasedKeyPrefix;  // what released checkpoints use; errors will name keys with it
 }
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& model_dir) {

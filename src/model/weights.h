@@ -64,6 +64,9 @@ struct ModelWeights {
 
 // Resolves and checks every tensor; all missing or mis-shaped tensors are reported in one Error.
 ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig& config, const std::string& source);
+// The key prefix of the checkpoint's language-model tensors: "model.language_model." (released
+// checkpoints), "model." or "", whichever holds the token embedding.
+std::string detect_key_prefix(const Checkpoint& checkpoint);
 
 // A loaded checkpoint: config, mapped files and weight views, alive together.
 class Model {

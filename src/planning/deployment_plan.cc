@@ -108,22 +108,22 @@ int64_t tensor_bytes(int64_t values, TensorRole role, WeightFormat dtype) {
 
 constexpr int64_t kStoredTableBytesPerValue = 2;  // released checkpoints are bf16
 
-// The share of a decoder-layer tensor one rank holds, from its checkpoint key suffix. Unknown tensors
-// count as replicated: an overestimate, never an underestimate.
-std::pair<int64_t, int64_t> layer_tensor_share(const LayerShard& shard, std::string_view suffix) {
-  if (suffix == "self_attn.q_proj.weight" || suffix == "self_attn.o_proj.weight") {
-    return {shard.q_heads_per_rank, shard.q_heads};
+// The share of a decoder-layer tensor one rank holds. Tensors not split count as replicated.
+std::pair<int64_t, int64_t> layer_tensor_share(const LayerShard& shard, TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kQProj:
+    case TensorKind::kOProj: return {shard.q_heads_per_rank, shard.q_heads};
+    case TensorKind::kKProj:
+    case TensorKind::kVProj: return {shard.kv_heads_per_rank, shard.kv_heads};
+    case TensorKind::kGateProj:
+    case TensorKind::kUpProj:
+    case TensorKind::kDownProj: return {shard.mlp_rows_per_rank, shard.mlp_rows};
+    case TensorKind::kExpertsGateUp:
+    case TensorKind::kExpertsDown:
+      if (shard.experts > 0) return {shard.experts_per_rank, shard.experts};
+      return {1, 1};
+    default: return {1, 1};
   }
-  if (suffix == "self_attn.k_proj.weight" || suffix == "self_attn.v_proj.weight") {
-    return {shard.kv_heads_per_rank, shard.kv_heads};
-  }
-  if (suffix == "mlp.gate_proj.weight" || suffix == "mlp.up_proj.weight" || suffix == "mlp.down_proj.weight") {
-    return {shard.mlp_rows_per_rank, shard.mlp_rows};
-  }
-  if ((suffix == "experts.gate_up_proj" || suffix == "experts.down_proj") && shard.experts > 0) {
-    return {shard.experts_per_rank, shard.experts};
-  }
-  return {1, 1};
 }
 
 struct RankBytes {
@@ -147,7 +147,6 @@ int64_t attended_keys(const LayerConfig& geometry, const PlanOptions& options) {
 
 RankBytes compute_rank_bytes(const ModelConfig& config, const ShardPlan& shards, const Target& target, const PlanOptions& options) {
   const bool accelerator = is_accelerator(target);
-  const std::string prefix = "model.language_model.";
   const int64_t hidden = config.hidden_size;
   const int64_t vocab_rows = shards.max_vocab_rows_per_rank();
   RankBytes bytes;
@@ -158,17 +157,13 @@ RankBytes compute_rank_bytes(const ModelConfig& config, const ShardPlan& shards,
     bytes.largest_device_tensor_bytes = std::max(bytes.largest_device_tensor_bytes, tensor_bytes_on_rank);
   };
   for (const TensorSpec& tensor : checkpoint_tensors(config)) {
-    const std::string_view key = std::string_view(tensor.name).substr(prefix.size());
     const int64_t values = tensor.element_count();
-    if (key.starts_with("layers.")) {
-      const std::string_view rest = key.substr(7);
-      const size_t dot = rest.find('.');
-      const int layer = std::stoi(std::string(rest.substr(0, dot)));
-      const auto [numerator, denominator] = layer_tensor_share(shards.layer(layer), rest.substr(dot + 1));
+    if (tensor.layer >= 0) {
+      const auto [numerator, denominator] = layer_tensor_share(shards.layer(tensor.layer), tensor.kind);
       const int64_t on_rank = tensor_bytes(values / denominator * numerator, tensor.role, options.dtype);
       memory.decoder_layer_bytes += on_rank;
       device_tensor(on_rank);
-    } else if (key == "embed_tokens.weight") {
+    } else if (tensor.kind == TensorKind::kTokenEmbedding) {
       const int64_t table = values * kStoredTableBytesPerValue;
       bytes.host_table_bytes += table;
       const int64_t head_rows = config.tie_word_embeddings ? vocab_rows : 0;
@@ -180,11 +175,11 @@ RankBytes compute_rank_bytes(const ModelConfig& config, const ShardPlan& shards,
         // The engine multiplies by the mmap'd table itself unless the weights are converted.
         if (options.dtype != WeightFormat::kBF16) memory.lm_head_bytes += linear_bytes(head_rows * hidden, options.dtype);
       }
-    } else if (key == "embed_tokens_per_layer.weight") {
+    } else if (tensor.kind == TensorKind::kPerLayerEmbedding) {
       const int64_t table = values * kStoredTableBytesPerValue;
       bytes.host_table_bytes += table;
       if (!accelerator) memory.other_weight_bytes += table;
-    } else if (key == "lm_head.weight") {
+    } else if (tensor.kind == TensorKind::kLmHead) {
       memory.lm_head_bytes += linear_bytes(vocab_rows * hidden, options.dtype);
       device_tensor(memory.lm_head_bytes);
     } else {

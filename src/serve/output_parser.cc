@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "core/utf8.h"
 
 namespace gemma4rt::serve {
 namespace {
@@ -65,18 +66,6 @@ MarkerMatch match_marker(std::string_view text, std::string_view& marker) {
   return MarkerMatch::kNone;
 }
 
-// Bytes at the end of `text` that start a UTF-8 character still missing continuation bytes.
-size_t incomplete_utf8_tail(std::string_view text) {
-  for (size_t back = 1; back <= std::min<size_t>(3, text.size()); ++back) {
-    const auto byte = static_cast<unsigned char>(text[text.size() - back]);
-    if ((byte & 0xC0) == 0x80) continue;  // continuation byte: look further back for the lead
-    if (byte < 0xC0 || byte >= 0xF8) return 0;
-    const size_t length = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : 2;
-    return length > back ? back : 0;
-  }
-  return 0;
-}
-
 // Appends `text` behind the held `tail` and returns what is safe to release; an incomplete character
 // at the end stays in `tail`.
 std::string release_whole_characters(std::string& tail, std::string_view text) {
@@ -88,49 +77,6 @@ std::string release_whole_characters(std::string& tail, std::string_view text) {
   return released;
 }
 
-// Length of the well-formed UTF-8 character at text[at], or 0 if the byte there does not start one.
-size_t utf8_character_length(std::string_view text, size_t at) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
-  const unsigned char lead = byte(at);
-  if (lead < 0x80) return 1;
-  size_t length;
-  uint32_t code_point;
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2, code_point = lead & 0x1F;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3, code_point = lead & 0x0F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4, code_point = lead & 0x07;
-  } else {
-    return 0;
-  }
-  if (at + length > text.size()) return 0;
-  for (size_t i = 1; i < length; ++i) {
-    if ((byte(at + i) & 0xC0) != 0x80) return 0;
-    code_point = (code_point << 6) | (byte(at + i) & 0x3F);
-  }
-  const bool overlong = (length == 3 && code_point < 0x800) || (length == 4 && code_point < 0x10000);
-  const bool surrogate = code_point >= 0xD800 && code_point <= 0xDFFF;
-  if (overlong || surrogate || code_point > 0x10FFFF) return 0;
-  return length;
-}
-
-// JSON (and nlohmann's dump) needs valid UTF-8; a model can still emit a broken byte-fallback run.
-std::string with_valid_utf8(std::string_view text) {
-  std::string valid;
-  valid.reserve(text.size());
-  for (size_t at = 0; at < text.size();) {
-    const size_t length = utf8_character_length(text, at);
-    if (length == 0) {
-      valid.append("\xEF\xBF\xBD");
-      ++at;
-    } else {
-      valid.append(text.substr(at, length));
-      at += length;
-    }
-  }
-  return valid;
-}
 
 void append_json_string(std::string_view text, std::string& out) {
   out.push_back('"');

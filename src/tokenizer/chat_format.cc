@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/utf8.h"
 
 namespace gemma4rt {
 namespace {
@@ -24,25 +25,14 @@ constexpr std::string_view kQuote = "<|\"|>";
 // ---------------------------------------------------------------------------------------------
 // Values as @huggingface/jinja (the oracle) handles them.
 
-// Decodes the UTF-8 code point at `pos`; malformed bytes decode as a non-space of length 1.
+// The code point at `pos` and its length; a malformed byte decodes as U+FFFD (a non-space) of length 1.
 char32_t decode_utf8(std::string_view s, size_t pos, size_t* length) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char lead = byte(pos);
-  size_t extra = lead < 0x80 ? 0 : (lead >> 5) == 0x6 ? 1 : (lead >> 4) == 0xE ? 2 : (lead >> 3) == 0x1E ? 3 : 4;
-  if (extra == 4 || pos + extra >= s.size()) {
+  *length = utf8_sequence_length(s, pos);
+  if (*length == 0) {
     *length = 1;
-    return extra == 0 ? lead : 0xFFFD;
+    return 0xFFFD;
   }
-  char32_t code = extra == 0 ? lead : lead & (0x3F >> extra);
-  for (size_t i = 1; i <= extra; ++i) {
-    if ((byte(pos + i) & 0xC0) != 0x80) {
-      *length = 1;
-      return 0xFFFD;
-    }
-    code = (code << 6) | (byte(pos + i) & 0x3F);
-  }
-  *length = extra + 1;
-  return code;
+  return decode_code_point(s, pos, *length);
 }
 
 // The characters JavaScript's String.prototype.trim removes (the template's `trim` filter).

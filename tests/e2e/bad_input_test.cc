@@ -165,6 +165,8 @@ TEST(BadInput, FlagOutOfRange) {
   expect_clear_failure(kSource, {"--max-tokens", "0 or more", "\"-1\"", "gemma4rt run --help"}, {"--max-tokens", "-1"});
   expect_clear_failure(kSource, {"--ctx", "at least 1", "\"0\""}, {"--ctx", "0"});
   expect_clear_failure(kSource, {"--temperature", "\"warm\""}, {"--temperature", "warm"});
+  expect_clear_failure(kSource, {"--backend", "tpu", "cpu", "reference"}, {"--backend", "tpu"});
+  expect_clear_failure(kSource, {"--backend reference", "--dtype q8"}, {"--backend", "reference", "--dtype", "q8"});
   const CommandResult plan = run_gemma4rt({"plan", "--shape", "e2b", "--target", "h200", "--batch", "0"});
   EXPECT_EQ(plan.exit_code, 1);
   EXPECT_NE(plan.err.find("gemma4rt: error: --batch: expected a number of at least 1, got \"0\""), std::string::npos) << plan.err;

@@ -42,6 +42,25 @@ TEST_P(RunGolden, PromptIdsJsonGivesReferenceGreedyTokens) {
   }
 }
 
+// --backend reference is what --reference names; --backend cpu with f32 weights and KV holds the goldens too.
+TEST_P(RunGolden, BackendFlagSelectsTheBackend) {
+  const auto model_dir = kGolden / GetParam();
+  const nlohmann::json golden = read_json_file(model_dir / "golden.json");
+  const auto& prompt = golden["prompts"][0];
+  const auto expected = prompt["greedy"]["tokens"].get<std::vector<int>>();
+  const std::vector<std::string> common = {"--model", model_dir.string(), "--prompt-ids", join_ids(prompt["input_ids"].get<std::vector<int>>()),
+                                           "--ignore-eos", "--max-tokens", std::to_string(expected.size()), "--ctx", "128"};
+  for (const std::vector<std::string>& backend : {std::vector<std::string>{"--backend", "reference"},
+                                                  std::vector<std::string>{"--backend", "cpu", "--dtype", "f32", "--kv", "f32"}}) {
+    SCOPED_TRACE(backend[1]);
+    std::vector<std::string> arguments = common;
+    arguments.insert(arguments.end(), backend.begin(), backend.end());
+    const nlohmann::json output = run_json(arguments);
+    ASSERT_TRUE(output.contains("tokens"));
+    EXPECT_EQ(output["tokens"].get<std::vector<int>>(), expected);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllVariants, RunGolden,
                          ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"), string_param_name);
 

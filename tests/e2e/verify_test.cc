@@ -184,6 +184,24 @@ TEST(Verify, TensorParallelF32IsStrict) {
   }
 }
 
+// verify holds any backend to the reference backend: the reference against itself differs by nothing.
+TEST(Verify, BackendUnderTestIsNamed) {
+  const CommandResult result =
+      run_gemma4rt({"verify", "--model", (kGolden / "tiny-26b-a4b").string(), "--backend", "reference", "--max-tokens", "6", "--json"});
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json report = nlohmann::json::parse(result.out);
+  EXPECT_EQ(report["fast_path"]["backend"], "reference");
+  EXPECT_EQ(report["fast_path"]["weights"], "f32");
+  ASSERT_FALSE(report["prompts"].empty());
+  for (const auto& prompt : report["prompts"]) {
+    EXPECT_EQ(prompt["max_logit_diff"], 0.0) << prompt.dump();
+    EXPECT_EQ(prompt["seq_match"], true);
+  }
+  const CommandResult unknown = run_gemma4rt({"verify", "--model", (kGolden / "tiny-e2b").string(), "--backend", "tpu"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_NE(unknown.err.find("--backend"), std::string::npos) << unknown.err;
+}
+
 TEST(Verify, TensorParallelDegreeTheModelCannotSplit) {
   const CommandResult result = run_gemma4rt({"verify", "--model", (kModels / "tiny-e2b").string(), "--tp", "3"});
   EXPECT_EQ(result.exit_code, 1);

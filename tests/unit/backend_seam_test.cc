@@ -1,0 +1,255 @@
+// The backend seam's promises, checked by wrapping a real backend in a decorator that counts and
+// traces every call: a decode step uploads its inputs, issues ops, and downloads exactly once (the ids
+// when greedy, the softcapped logits when sampling); no step allocates; nothing is read back in the
+// middle of a forward pass, MoE routing included. And the device-side argmax gives the goldens' tokens.
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/registry.h"
+#include "core/error.h"
+#include "engine/transformer.h"
+#include "test_support.h"
+
+namespace gemma4rt {
+namespace {
+
+using backend::Buffer;
+using backend::Weight;
+
+const std::string kGoldenDir = GEMMA4RT_TEST_DATA "/golden/";
+
+// Forwards everything to `inner`, counting allocations and transfers and tracing the order of calls:
+// A allocate, U upload, B begin_step, O any op, E end_step, D download.
+class CountingBackend : public backend::Backend {
+ public:
+  explicit CountingBackend(std::unique_ptr<backend::Backend> inner) : inner_(std::move(inner)) {}
+
+  int allocations = 0;
+  int downloads = 0;
+  size_t download_bytes = 0;
+  std::string trace;
+  void reset() {
+    allocations = downloads = 0;
+    download_bytes = 0;
+    trace.clear();
+  }
+
+  std::string name() const override { return inner_->name(); }
+  std::string kernels() const override { return inner_->kernels(); }
+  int threads() const override { return inner_->threads(); }
+  int default_chunk_tokens() const override { return inner_->default_chunk_tokens(); }
+  WeightFormat default_weight_format(DType stored) const override { return inner_->default_weight_format(stored); }
+  KvFormat default_kv_format() const override { return inner_->default_kv_format(); }
+  void check_formats(WeightFormat weights, KvFormat kv) const override { inner_->check_formats(weights, kv); }
+
+  Buffer allocate(size_t bytes) override {
+    ++allocations;
+    trace += 'A';
+    return inner_->allocate(bytes);
+  }
+  void upload(Buffer destination, size_t offset, const void* source, size_t bytes) override {
+    trace += 'U';
+    inner_->upload(destination, offset, source, bytes);
+  }
+  void download(Buffer source, size_t offset, void* destination, size_t bytes) override {
+    ++downloads;
+    download_bytes += bytes;
+    trace += 'D';
+    inner_->download(source, offset, destination, bytes);
+  }
+  Weight prepare_weight(const TensorView& view, WeightFormat format) override { return inner_->prepare_weight(view, format); }
+  size_t weight_read_bytes(Weight weight) const override { return inner_->weight_read_bytes(weight); }
+  size_t owned_weight_bytes() const override { return inner_->owned_weight_bytes(); }
+  size_t buffer_bytes() const override { return inner_->buffer_bytes(); }
+  double measure_read_bandwidth() override { return inner_->measure_read_bandwidth(); }
+
+  bool begin_step(const backend::StepShape& shape) override {
+    trace += 'B';
+    return inner_->begin_step(shape);
+  }
+  void end_step() override {
+    trace += 'E';
+    inner_->end_step();
+  }
+
+  void matmul(Buffer x, int rows, Weight weight, Buffer y) override { op(), inner_->matmul(x, rows, weight, y); }
+  void rms_norm(Buffer x, int64_t rows, int width, Buffer weight, float eps, Buffer out) override {
+    op(), inner_->rms_norm(x, rows, width, weight, eps, out);
+  }
+  void scale(Buffer x, int64_t count, float factor) override { op(), inner_->scale(x, count, factor); }
+  void scale_columns(Buffer x, int rows, int width, Buffer weights, float factor) override {
+    op(), inner_->scale_columns(x, rows, width, weights, factor);
+  }
+  void add(Buffer y, Buffer x, int64_t count) override { op(), inner_->add(y, x, count); }
+  void copy(Buffer source, Buffer destination, int64_t count) override { op(), inner_->copy(source, destination, count); }
+  void gelu_multiply(Buffer gate, Buffer up, int rows, int width, int64_t up_stride, int64_t up_offset) override {
+    op(), inner_->gelu_multiply(gate, up, rows, width, up_stride, up_offset);
+  }
+  void combine_per_layer_inputs(Buffer context, Buffer inputs, int64_t count, float embed_scale, float combine_scale) override {
+    op(), inner_->combine_per_layer_inputs(context, inputs, count, embed_scale, combine_scale);
+  }
+  void rope(Buffer queries, int query_heads, Buffer keys, int key_heads, int rows, int head_dim, Buffer row_table,
+            Buffer inverse_frequencies) override {
+    op(), inner_->rope(queries, query_heads, keys, key_heads, rows, head_dim, row_table, inverse_frequencies);
+  }
+  void store_kv(Buffer source, int rows, int64_t row_elements, Buffer row_table, Buffer cache, int capacity, KvFormat format) override {
+    op(), inner_->store_kv(source, rows, row_elements, row_table, cache, capacity, format);
+  }
+  void attention(Buffer queries, int rows, Buffer row_table, Buffer keys, Buffer values, const backend::AttentionShape& shape,
+                 Buffer out) override {
+    op(), inner_->attention(queries, rows, row_table, keys, values, shape, out);
+  }
+  void route_experts(Buffer router_logits, int rows, int experts, int top_k, Buffer per_expert_scale, Buffer chosen_experts,
+                     Buffer chosen_weights) override {
+    op(), inner_->route_experts(router_logits, rows, experts, top_k, per_expert_scale, chosen_experts, chosen_weights);
+  }
+  void expert_feed_forward(Buffer input, int rows, Buffer chosen_experts, Buffer chosen_weights, const backend::ExpertSet& experts,
+                           Buffer out) override {
+    op(), inner_->expert_feed_forward(input, rows, chosen_experts, chosen_weights, experts, out);
+  }
+  void gather_rows(Buffer source, Buffer row_ids, int rows, int width, Buffer out) override {
+    op(), inner_->gather_rows(source, row_ids, rows, width, out);
+  }
+  void softcap(Buffer values, int64_t count, float cap) override { op(), inner_->softcap(values, count, cap); }
+  void argmax(Buffer values, int rows, int width, Buffer ids) override { op(), inner_->argmax(values, rows, width, ids); }
+  void all_reduce_sum(Buffer values, int64_t count, parallel::Communicator& communicator) override {
+    op(), inner_->all_reduce_sum(values, count, communicator);
+  }
+  void all_gather_rows(Buffer local, int rows, std::span<const size_t> counts, Buffer out, parallel::Communicator& communicator) override {
+    op(), inner_->all_gather_rows(local, rows, counts, out, communicator);
+  }
+
+ private:
+  void op() {
+    if (trace.empty() || trace.back() != 'O') trace += 'O';  // a run of ops is one O
+  }
+  std::unique_ptr<backend::Backend> inner_;
+};
+
+struct Engine {
+  std::unique_ptr<Model> model;
+  CountingBackend* counting = nullptr;
+  std::unique_ptr<Transformer> transformer;
+};
+
+Engine make_engine(const std::string& name, const std::string& backend_name, int sequences = 1) {
+  Engine engine;
+  engine.model = Model::load(kGoldenDir + name);
+  auto counting = std::make_unique<CountingBackend>(backend::make_backend({backend_name, 1}));
+  engine.counting = counting.get();
+  EngineOptions options;
+  options.backend = backend_name;
+  options.context_tokens = 64;
+  options.sequences = sequences;
+  engine.transformer = std::make_unique<Transformer>(*engine.model, options, std::move(counting));
+  return engine;
+}
+
+// One step: inputs uploaded, ops issued, one download at the end; no allocation, no read-back between ops.
+const std::regex kOneStep("U+BOED");
+
+class BackendSeam : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BackendSeam, GreedyDecodeStepDownloadsOnlyTheIds) {
+  Engine engine = make_engine(GetParam(), "cpu");
+  const std::vector<int32_t> prompt = {2, 81, 52, 29};
+  EXPECT_GT(engine.counting->allocations, 0);  // everything is allocated while loading
+  engine.counting->reset();
+  int32_t token = engine.transformer->forward_greedy(prompt, 0);
+  EXPECT_EQ(engine.counting->downloads, 1);
+  EXPECT_EQ(engine.counting->download_bytes, sizeof(int32_t));
+  EXPECT_TRUE(std::regex_match(engine.counting->trace, kOneStep)) << engine.counting->trace;
+  for (int position = static_cast<int>(prompt.size()); position < 12; ++position) {
+    engine.counting->reset();
+    token = engine.transformer->forward_greedy(std::span<const int32_t>(&token, 1), position);
+    EXPECT_EQ(engine.counting->allocations, 0) << "step at position " << position;
+    EXPECT_EQ(engine.counting->downloads, 1);
+    EXPECT_EQ(engine.counting->download_bytes, sizeof(int32_t));
+    EXPECT_TRUE(std::regex_match(engine.counting->trace, kOneStep)) << engine.counting->trace;
+  }
+}
+
+TEST_P(BackendSeam, SamplingDecodeStepDownloadsOnlyTheLogits) {
+  Engine engine = make_engine(GetParam(), "cpu");
+  const std::vector<int32_t> prompt = {2, 81, 52, 29};
+  engine.transformer->forward(prompt, 0);
+  const size_t vocab = static_cast<size_t>(engine.model->config().vocab_size);
+  int32_t token = 100;
+  for (int position = static_cast<int>(prompt.size()); position < 10; ++position) {
+    engine.counting->reset();
+    engine.transformer->forward(std::span<const int32_t>(&token, 1), position);
+    EXPECT_EQ(engine.counting->allocations, 0);
+    EXPECT_EQ(engine.counting->downloads, 1);
+    EXPECT_EQ(engine.counting->download_bytes, vocab * sizeof(float));
+    EXPECT_TRUE(std::regex_match(engine.counting->trace, kOneStep)) << engine.counting->trace;
+    ++token;
+  }
+}
+
+TEST_P(BackendSeam, BatchedDecodeStepIsOneStepWithOneDownload) {
+  Engine engine = make_engine(GetParam(), "cpu", 3);
+  for (int sequence = 0; sequence < 3; ++sequence) {
+    const std::vector<int32_t> prompt = {2, 81 + sequence, 52};
+    engine.transformer->forward_greedy(prompt, 0, sequence);
+  }
+  const std::vector<BatchRow> rows = {{0, 3, 100}, {1, 3, 200}, {2, 3, 300}};
+  const std::vector<int> logit_rows = {0, 1, 2};
+  std::vector<int32_t> ids(3, -1);
+  engine.counting->reset();
+  engine.transformer->forward_greedy(rows, logit_rows, ids.data());
+  EXPECT_EQ(engine.counting->allocations, 0);
+  EXPECT_EQ(engine.counting->downloads, 1);
+  EXPECT_EQ(engine.counting->download_bytes, 3 * sizeof(int32_t));
+  EXPECT_TRUE(std::regex_match(engine.counting->trace, kOneStep)) << engine.counting->trace;
+  for (int32_t id : ids) EXPECT_GE(id, 0);
+}
+
+// The device-side argmax (softcap skipped) picks the Hugging Face greedy tokens, through the reference
+// backend, and decorating a backend changes nothing.
+TEST_P(BackendSeam, DeviceArgmaxGivesTheGoldenGreedyTokens) {
+  Engine engine = make_engine(GetParam(), "reference");
+  const nlohmann::json golden = testing::read_json_file(kGoldenDir + GetParam() + "/golden.json");
+  for (const auto& prompt : golden["prompts"]) {
+    SCOPED_TRACE(prompt["name"].get<std::string>());
+    const auto input_ids = prompt["input_ids"].get<std::vector<int32_t>>();
+    const auto expected = prompt["greedy"]["tokens"].get<std::vector<int32_t>>();
+    if (input_ids.size() + expected.size() > 64) continue;
+    std::vector<int32_t> tokens = {engine.transformer->forward_greedy(input_ids, 0)};
+    int position = static_cast<int>(input_ids.size());
+    while (tokens.size() < expected.size()) tokens.push_back(engine.transformer->forward_greedy(std::span<const int32_t>(&tokens.back(), 1), position++));
+    EXPECT_EQ(tokens, expected);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, BackendSeam,
+                         ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
+                         testing::string_param_name);
+
+TEST(BackendRegistry, UnknownBackendNamesTheKnownOnes) {
+  try {
+    backend::make_backend({"tpu", 1});
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("tpu"), std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("cpu, reference"), std::string::npos);
+  }
+}
+
+TEST(BackendRegistry, ReferenceBackendRefusesBf16) {
+  auto model = Model::load(kGoldenDir + "tiny-e2b");
+  EngineOptions options;
+  options.backend = "reference";
+  options.context_tokens = 16;
+  options.weight_format = WeightFormat::kBF16;
+  EXPECT_THROW(Transformer(*model, options), Error);
+  options.weight_format.reset();
+  options.kv_format = KvFormat::kBF16;
+  EXPECT_THROW(Transformer(*model, options), Error);
+}
+
+}  // namespace
+}  // namespace gemma4rt
