@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages gemma4rt needs to build and test. Idempotent: apt-get runs only for
-# packages that are missing, so a second call costs nothing.
+# Installs the Debian packages gemma4rt needs to build and test, plus any named as arguments (the test
+# script adds the Vulkan software driver). Idempotent: apt-get runs only for packages that are missing,
+# so a second call costs nothing.
 set -euo pipefail
 
 packages=(
@@ -9,6 +10,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nodejs npm
   libopenmpi-dev openmpi-bin
+  libvulkan-dev glslc
+  "$@"
 )
 
 missing=()

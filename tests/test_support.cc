@@ -11,6 +11,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "backend/vulkan/vulkan_device.h"
+
 extern char** environ;
 
 namespace gemma4rt::testing {
@@ -24,6 +26,15 @@ std::string slurp(const std::filesystem::path& path) {
 }
 
 }  // namespace
+
+int vulkan_test_device() {
+  const std::vector<backend::vulkan::DeviceInfo> devices = backend::vulkan::list_devices();
+  try {
+    return backend::vulkan::choose_device(devices, -1);
+  } catch (const std::exception&) {
+    return devices.front().index;  // no GPU: the first device, lavapipe on a CI machine
+  }
+}
 
 CommandResult run_gemma4rt(const std::vector<std::string>& arguments) {
   // Output goes through files rather than pipes so a large stdout can never dead-lock the child.

@@ -30,6 +30,10 @@ std::filesystem::path fresh_work_dir(const std::string& name);
 // "2,17,300" for a list of ids.
 std::string join_ids(const std::vector<int>& ids);
 
+// The Vulkan device the tests run on: the backend's own choice when there is a GPU, else the first
+// CPU device (lavapipe, which scripts/install-test-deps.sh installs). Fails the test when there is none.
+int vulkan_test_device();
+
 // A gtest parameter name from text such as a model name: "tiny-26b-a4b" -> "tiny_26b_a4b".
 std::string test_identifier(std::string text);
 // For suites parameterised by one string (model or shape names).

@@ -95,6 +95,10 @@ class Backend {
   virtual KvFormat default_kv_format() const = 0;
   // Throws Error when this backend cannot run the combination.
   virtual void check_formats(WeightFormat weights, KvFormat kv) const = 0;
+  // Whether the tensor-parallel collectives below work on this backend's buffers.
+  virtual bool supports_tensor_parallel() const { return true; }
+  // Bytes of memory the model must fit in; 0 when the backend shares the host's (the memory map pages).
+  virtual uint64_t memory_bytes() const { return 0; }
 
   // ---- memory and transfers
   virtual Buffer allocate(size_t bytes) = 0;

@@ -13,6 +13,7 @@ namespace gemma4rt::backend {
 struct BackendOptions {
   std::string name = "cpu";
   int threads = 0;   // host threads; 0 = one per core this process may use
+  int device = -1;   // the device of a GPU backend (gemma4rt devices lists them); -1 = its own choice
 };
 
 // Throws Error naming the known backends for an unknown name.

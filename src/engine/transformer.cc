@@ -8,6 +8,7 @@
 
 #include "backend/registry.h"
 #include "core/error.h"
+#include "planning/deployment_plan.h"
 
 namespace gemma4rt {
 
@@ -77,7 +78,7 @@ TensorView columns_copy(const TensorView& view, int64_t first, int64_t count, st
 }  // namespace
 
 Transformer::Transformer(const Model& model, const EngineOptions& options)
-    : Transformer(model, options, backend::make_backend({options.backend, threads_per_rank(options)})) {}
+    : Transformer(model, options, backend::make_backend({options.backend, threads_per_rank(options), options.device})) {}
 
 Transformer::Transformer(const Model& model, const EngineOptions& options, std::unique_ptr<backend::Backend> backend)
     : model_(model), config_(model.config()), weights_(model.weights()), options_(options), backend_(std::move(backend)) {
@@ -93,6 +94,13 @@ void Transformer::load() {
   const KvFormat kv_format = options_.kv_format.value_or(device.default_kv_format());
   device.check_formats(weight_format_, kv_format);
   eps_ = static_cast<float>(config_.rms_norm_eps);
+
+  const bool sharded = options_.tensor_parallel > 1 || (options_.communicator != nullptr && options_.communicator->size() > 1);
+  if (sharded && !device.supports_tensor_parallel()) {
+    fail("the {} backend does not run tensor parallelism (tensor_parallel {}); use the cpu backend", device.name(),
+         options_.communicator ? options_.communicator->size() : options_.tensor_parallel);
+  }
+  check_fits(kv_format);
 
   // Tensor parallelism: in process, this engine is rank 0 and builds the other ranks itself.
   communicator_ = options_.communicator;
@@ -243,6 +251,29 @@ void Transformer::load() {
       peer_ids_.emplace_back();
     }
     rank_threads_ = std::make_unique<ThreadPool>(options_.tensor_parallel);
+  }
+}
+
+// A device with its own memory must hold the model: the deployment planner's arithmetic says before
+// anything is uploaded.
+void Transformer::check_fits(KvFormat kv_format) const {
+  const uint64_t memory = backend_->memory_bytes();
+  if (memory == 0) return;
+  planning::Target target;
+  target.name = backend_->name();
+  target.kind = planning::TargetKind::kGpu;
+  target.memory_per_rank_bytes = static_cast<int64_t>(memory);
+  planning::PlanOptions plan;
+  plan.dtype = weight_format_;
+  plan.context_tokens = options_.context_tokens;
+  plan.batch = options_.sequences;
+  plan.prefill_chunk_tokens = options_.max_chunk_tokens;
+  const planning::RankMemory needed = planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), target, plan);
+  if (needed.total_bytes > static_cast<int64_t>(memory)) {
+    fail("the model does not fit the {} device: it needs {:.2f} GB ({:.2f} GB of {} weights, {:.2f} GB of {} KV cache for {} x {} tokens) "
+         "and the device has {:.2f} GB",
+         backend_->name(), needed.total_bytes / 1e9, needed.weight_bytes / 1e9, format_name(weight_format_), needed.kv_cache_bytes / 1e9,
+         format_name(kv_format), options_.sequences, options_.context_tokens, memory / 1e9);
   }
 }
 

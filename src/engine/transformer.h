@@ -34,6 +34,7 @@ struct EngineOptions {
   int max_chunk_tokens = 0;     // rows per forward step (prefill chunk); 0 = the backend's default
   int sequences = 1;            // independent KV slots (batched decode)
   int threads = 0;              // host threads; 0 = one per core this process may use
+  int device = -1;              // a GPU backend's device index; -1 = the backend's own choice
   std::optional<WeightFormat> weight_format;   // default: the backend's choice for the checkpoint's dtype
   std::optional<KvFormat> kv_format;           // default: the backend's (bf16 cpu, f32 reference)
   // Tensor parallelism. In process: `tensor_parallel` ranks as threads of this engine. Across processes:
@@ -101,6 +102,7 @@ class Transformer {
     int32_t* ids = nullptr;    // argmax ids
   };
   void load();
+  void check_fits(KvFormat kv_format) const;
   void run(std::span<const BatchRow> rows, std::span<const int> logit_rows, StepOutput output);
   void run_local(std::span<const BatchRow> rows, std::span<const int> logit_rows, StepOutput output);
   void check_rows(std::span<const BatchRow> rows, std::span<const int> logit_rows) const;

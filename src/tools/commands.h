@@ -24,5 +24,6 @@ Action add_quantize_command(CLI::App& app);
 Action add_plan_command(CLI::App& app);
 Action add_doctor_command(CLI::App& app);
 Action add_verify_command(CLI::App& app);
+Action add_devices_command(CLI::App& app);
 
 }  // namespace gemma4rt::tools

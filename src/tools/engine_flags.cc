@@ -30,6 +30,8 @@ void EngineFlags::add_to(CLI::App& command) {
       ->check(CLI::IsMember({"f32", "bf16", "q8"}));
   command.add_option("--kv", kv, "KV cache element format (default bf16; f32 on the reference backend)")->check(CLI::IsMember({"f32", "bf16"}));
   command.add_flag("--reference", reference, "The same as --backend reference");
+  command.add_option("--device", device, "GPU backends: the device index (gemma4rt devices lists them; default: the first discrete GPU, then integrated)")
+      ->check(zero_or_more());
   command.add_option("--threads", threads, "Worker threads (default: one per core this process may use; under mpirun, its share of the machine's)")->check(zero_or_more());
   command.add_option("--tp", tensor_parallel,
                      "Tensor-parallel ranks: threads of this process, or the processes of `mpirun -np N` (default 1)")
@@ -52,6 +54,7 @@ EngineOptions EngineFlags::options(std::unique_ptr<parallel::Communicator>* comm
   options.threads = threads;
   if (launched > 1 && threads == 0) options.threads = threads_per_process(parallel::launched_local_size());
   options.backend = reference ? "reference" : backend;
+  options.device = device;
   if (reference && backend != "cpu" && backend != "reference") fail("--reference is --backend reference; it cannot be combined with --backend {}", backend);
   if (options.backend == "reference" && !dtype.empty() && dtype != "f32") fail("--backend reference computes in f32; it cannot be combined with --dtype {}", dtype);
   if (options.backend == "reference" && kv == "bf16") fail("--backend reference keeps the KV cache in f32; it cannot be combined with --kv bf16");

@@ -15,6 +15,7 @@ struct EngineFlags {
   std::string backend = "cpu";
   bool reference = false;  // --reference: the same as --backend reference
   int threads = 0;
+  int device = -1;
   int tensor_parallel = 1;
 
   void add_to(CLI::App& command);

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   add(gemma4rt::tools::add_plan_command);
   add(gemma4rt::tools::add_doctor_command);
   add(gemma4rt::tools::add_verify_command);
+  add(gemma4rt::tools::add_devices_command);
 
   try {
     app.parse(argc, argv);

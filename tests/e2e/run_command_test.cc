@@ -1,5 +1,8 @@
 // `gemma4rt run` end to end: the golden checkpoints through --prompt-ids --json, and the trained
 // coherence models answering every listed question through --chat, --prompt and --prompt-ids.
+#include <algorithm>
+#include <cstdlib>
+
 #include <gtest/gtest.h>
 
 #include "test_support.h"
@@ -64,18 +67,28 @@ TEST_P(RunGolden, BackendFlagSelectsTheBackend) {
 INSTANTIATE_TEST_SUITE_P(AllVariants, RunGolden,
                          ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"), string_param_name);
 
-class Coherence : public ::testing::TestWithParam<std::string> {};
+// The trained models through the default path, and through the Vulkan backend in bf16 and q8.
+class Coherence : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+std::vector<std::string> path_arguments(const std::string& path) {
+  if (path == "vulkan_bf16") return {"--backend", "vulkan", "--device", std::to_string(vulkan_test_device()), "--dtype", "bf16"};
+  if (path == "vulkan_q8") return {"--backend", "vulkan", "--device", std::to_string(vulkan_test_device()), "--dtype", "q8"};
+  return {};
+}
 
 // Capital questions through --chat (the chat format renders and tokenizes them), completions through
 // --prompt; the answer's tokens, stop token included, and its text are exactly the reference's.
 TEST_P(Coherence, AnswersEveryListedPrompt) {
-  const auto model_dir = kModels / GetParam();
+  const auto& [model, path] = GetParam();
+  const auto model_dir = kModels / model;
   const nlohmann::json fixture = read_json_file(model_dir / "coherence.json");
   int answered = 0;
   for (const auto& prompt : fixture["prompts"]) {
     const std::string kind = prompt["kind"];
     SCOPED_TRACE(prompt["id"].get<std::string>() + " " + kind);
     std::vector<std::string> arguments = {"--model", model_dir.string(), "--max-tokens", "40"};
+    const std::vector<std::string> backend = path_arguments(path);
+    arguments.insert(arguments.end(), backend.begin(), backend.end());
     if (kind == "raw_completion") {
       arguments.insert(arguments.end(), {"--prompt", prompt["text"].get<std::string>()});
     } else if (kind == "chat_capital_of_country" || kind == "chat_country_of_capital") {
@@ -97,8 +110,47 @@ TEST_P(Coherence, AnswersEveryListedPrompt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TrainedModels, Coherence,
-                         ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
-                         string_param_name);
+                         ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
+                                            ::testing::Values("cpu", "vulkan_bf16", "vulkan_q8")),
+                         [](const auto& info) { return test_identifier(std::get<0>(info.param) + "_" + std::get<1>(info.param)); });
+
+// Without a Vulkan driver, --backend vulkan fails with one clear line; the binary itself still runs.
+TEST(VulkanBackend, NoDriverIsOneClearError) {
+  setenv("VK_ICD_FILENAMES", "/nonexistent/icd.json", 1);
+  setenv("VK_DRIVER_FILES", "/nonexistent/icd.json", 1);
+  const CommandResult result =
+      run_gemma4rt({"run", "--model", (kModels / "tiny-e2b").string(), "--backend", "vulkan", "--prompt-ids", "2,17", "--max-tokens", "2"});
+  const CommandResult devices = run_gemma4rt({"devices"});
+  unsetenv("VK_ICD_FILENAMES");
+  unsetenv("VK_DRIVER_FILES");
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+  EXPECT_TRUE(result.err.starts_with("gemma4rt: error: Vulkan")) << result.err;
+  EXPECT_EQ(devices.exit_code, 1) << devices.err;
+  const CommandResult cpu = run_gemma4rt({"run", "--model", (kModels / "tiny-e2b").string(), "--chat", "What is the capital of France?"});
+  EXPECT_EQ(cpu.exit_code, 0) << cpu.err;
+}
+
+// A CPU device (lavapipe) is not picked unless named; a named device that does not exist is an error;
+// tensor parallelism is refused.
+TEST(VulkanBackend, DeviceChoiceAndRefusals) {
+  const CommandResult listed = run_gemma4rt({"devices", "--json"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  const nlohmann::json devices = nlohmann::json::parse(listed.out)["devices"];
+  ASSERT_FALSE(devices.empty());
+  for (const auto& device : devices) {
+    EXPECT_TRUE(device["push_descriptor"].get<bool>()) << device.dump();
+    if (device["type"] == "cpu") EXPECT_FALSE(device["default"].get<bool>()) << device.dump();
+  }
+  const std::string model = (kModels / "tiny-e2b").string();
+  const CommandResult missing = run_gemma4rt({"run", "--model", model, "--backend", "vulkan", "--device", "99", "--prompt-ids", "2", "--max-tokens", "1"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("Vulkan device 99 does not exist"), std::string::npos) << missing.err;
+  const CommandResult sharded = run_gemma4rt({"run", "--model", model, "--backend", "vulkan", "--device", std::to_string(vulkan_test_device()),
+                                              "--tp", "2", "--prompt-ids", "2", "--max-tokens", "1"});
+  EXPECT_EQ(sharded.exit_code, 1);
+  EXPECT_NE(sharded.err.find("does not run tensor parallelism"), std::string::npos) << sharded.err;
+}
 
 // The agent model also answers thinking-off capital questions rendered by the chat format itself.
 TEST(CoherenceAgent, ThinkingPromptRenderedFromChatFlag) {

@@ -1,0 +1,37 @@
+#version 450
+// ids[row] = the index of the row's largest value, the lowest index on ties; one workgroup per row.
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer Values { float values[]; };
+layout(std430, binding = 1) buffer Ids { int ids[]; };
+layout(push_constant) uniform Push {
+  uint width;
+};
+shared float best_value[64];
+shared uint best_index[64];
+
+void main() {
+  const uint row = gl_WorkGroupID.x;
+  const uint lane = gl_LocalInvocationID.x;
+  const uint base = row * width;
+  float value = -3.402823466e38;
+  uint index = 0xFFFFFFFFu;
+  for (uint i = lane; i < width; i += 64u) {
+    if (index == 0xFFFFFFFFu || values[base + i] > value) value = values[base + i], index = i;
+  }
+  best_value[lane] = value;
+  best_index[lane] = index;
+  barrier();
+  for (uint half_width = 32u; half_width > 0u; half_width >>= 1u) {
+    if (lane < half_width) {
+      const float other = best_value[lane + half_width];
+      const uint other_index = best_index[lane + half_width];
+      if (other_index != 0xFFFFFFFFu &&
+          (best_index[lane] == 0xFFFFFFFFu || other > best_value[lane] || (other == best_value[lane] && other_index < best_index[lane]))) {
+        best_value[lane] = other;
+        best_index[lane] = other_index;
+      }
+    }
+    barrier();
+  }
+  if (lane == 0u) ids[row] = int(best_index[0]);
+}
