@@ -47,9 +47,10 @@ struct DecodeFigures {
 
 // Decodes `count` tokens starting at `position` (the cache already holds everything before it).
 // The compute peak the prompt figure is held to: the backend's own product in the engine's weight format
-// on a prefill-shaped problem whose weights stay in cache, so memory never limits it.
+// on a prefill-shaped problem (512 tokens through a 1024 x 2048 weight): compute-bound, so memory never
+// limits it.
 double measure_matmul_peak(backend::Backend& device, WeightFormat format) {
-  constexpr int kRows = 256, kCols = 1024, kTokens = 256, kPasses = 8;
+  constexpr int kRows = 1024, kCols = 2048, kTokens = 512, kPasses = 5;
   std::vector<float> values(static_cast<size_t>(kRows) * kCols);
   std::mt19937 random(5);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);

@@ -30,7 +30,9 @@ process.on('exit', () => {
 // {code, signal}) and stop() (SIGKILL unless it already exited; safe to call twice).
 export async function startServer(model, extraArgs = [], { readyTimeoutMs = 30000 } = {}) {
   checkEnvironment();
-  const args = ['serve', '--model', path.join(MODELS, model), '--host', '127.0.0.1', '--port', '0', ...extraArgs];
+  // GEMMA4RT_SERVER_ARGS runs the same suite on another backend (e.g. "--backend vulkan --device 0").
+  const backendArgs = (process.env.GEMMA4RT_SERVER_ARGS ?? '').split(' ').filter((word) => word !== '');
+  const args = ['serve', '--model', path.join(MODELS, model), '--host', '127.0.0.1', '--port', '0', ...backendArgs, ...extraArgs];
   const child = spawn(BINARY, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   child.stderr.setEncoding('utf8');
