@@ -100,7 +100,7 @@ void Transformer::load() {
     fail("the {} backend does not run tensor parallelism (tensor_parallel {}); use the cpu backend", device.name(),
          options_.communicator ? options_.communicator->size() : options_.tensor_parallel);
   }
-  check_fits(kv_format);
+  const uint64_t upload_bytes = check_fits(kv_format);
 
   // Tensor parallelism: in process, this engine is rank 0 and builds the other ranks itself.
   communicator_ = options_.communicator;
@@ -116,7 +116,11 @@ void Transformer::load() {
   }
   cache_ = std::make_unique<KvCache>(device, config_, options_.context_tokens, options_.max_chunk_tokens, options_.sequences, kv_format, kv_heads);
 
-  auto prepare = [&](const TensorView& view) { return device.prepare_weight(view, weight_format_); };
+  auto prepare = [&](const TensorView& view) {
+    const Weight weight = device.prepare_weight(view, weight_format_);
+    if (upload_bytes > 0 && options_.on_weight_upload) options_.on_weight_upload(std::min<uint64_t>(device.owned_weight_bytes(), upload_bytes), upload_bytes);
+    return weight;
+  };
   auto constant = [&](const TensorView& view) { return view.empty() ? Buffer{} : device.upload_constant(to_floats(view)); };
   sliced_weights_.reserve(static_cast<size_t>(config_.num_layers) * 2);
   for (size_t index = 0; index < weights_.layers.size(); ++index) {
@@ -174,6 +178,7 @@ void Transformer::load() {
   }
   lm_head_ = prepare(partition_ ? rows_view(weights_.lm_head, partition_->vocab_rows.first, partition_->vocab_rows.count) : weights_.lm_head);
   if (config_.has_per_layer_inputs()) per_layer_model_projection_ = prepare(weights_.per_layer_model_projection);
+  if (upload_bytes > 0 && options_.on_weight_upload) options_.on_weight_upload(upload_bytes, upload_bytes);
   final_norm_ = constant(weights_.final_norm);
   per_layer_projection_norm_ = constant(weights_.per_layer_projection_norm);
   const RopeTable rope_sliding(config_.rope_sliding, config_.head_dim);
@@ -256,9 +261,9 @@ void Transformer::load() {
 
 // A device with its own memory must hold the model: the deployment planner's arithmetic says before
 // anything is uploaded.
-void Transformer::check_fits(KvFormat kv_format) const {
+uint64_t Transformer::check_fits(KvFormat kv_format) const {
   const uint64_t memory = backend_->memory_bytes();
-  if (memory == 0) return;
+  if (memory == 0) return 0;
   planning::Target target;
   target.name = backend_->name();
   target.kind = planning::TargetKind::kGpu;
@@ -275,6 +280,7 @@ void Transformer::check_fits(KvFormat kv_format) const {
          backend_->name(), needed.total_bytes / 1e9, needed.weight_bytes / 1e9, format_name(weight_format_), needed.kv_cache_bytes / 1e9,
          format_name(kv_format), options_.sequences, options_.context_tokens, memory / 1e9);
   }
+  return static_cast<uint64_t>(needed.weight_bytes);
 }
 
 void Transformer::visit_weights(const std::function<void(const Weight&, double share)>& visit) const {

@@ -41,6 +41,9 @@ struct EngineOptions {
   // `communicator` makes this engine one rank of the communicator's group (e.g. MPI).
   int tensor_parallel = 1;
   parallel::Communicator* communicator = nullptr;
+  // Called while weights are uploaded to a device with its own memory: bytes uploaded so far, of about
+  // `total` (the planner's estimate; the last call passes done == total).
+  std::function<void(uint64_t done, uint64_t total)> on_weight_upload;
 };
 
 // One row of a step. Laid out as the backend's row table (three int32), and uploaded as it is.
@@ -102,7 +105,9 @@ class Transformer {
     int32_t* ids = nullptr;    // argmax ids
   };
   void load();
-  void check_fits(KvFormat kv_format) const;
+  // Throws when the model does not fit a device with its own memory; returns the weight bytes to upload
+  // there (0 for backends that keep weights in host memory).
+  uint64_t check_fits(KvFormat kv_format) const;
   void run(std::span<const BatchRow> rows, std::span<const int> logit_rows, StepOutput output);
   void run_local(std::span<const BatchRow> rows, std::span<const int> logit_rows, StepOutput output);
   void check_rows(std::span<const BatchRow> rows, std::span<const int> logit_rows) const;

@@ -45,7 +45,6 @@ struct DecodeFigures {
   double ms_per_token = 0.0;
 };
 
-// Decodes `count` tokens starting at `position` (the cache already holds everything before it).
 // The compute peak the prompt figure is held to: the backend's own product in the engine's weight format
 // on a prefill-shaped problem (512 tokens through a 1024 x 2048 weight): compute-bound, so memory never
 // limits it.
@@ -77,6 +76,7 @@ double measure_matmul_peak(backend::Backend& device, WeightFormat format) {
   return 2.0 * kRows * kCols * kTokens / best;
 }
 
+// Decodes `count` tokens starting at `position` (the cache already holds everything before it).
 DecodeFigures time_decode(Transformer& transformer, int position, int count) {
   std::vector<int32_t> tokens = bench_tokens(count, transformer.config().vocab_size, 7);
   transformer.forward_greedy(std::span<const int32_t>(&tokens[0], 1), position);  // warm-up, not timed

@@ -5,6 +5,7 @@
 
 #include "backend/registry.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/thread_pool.h"
 #include "tools/commands.h"
 
@@ -55,6 +56,12 @@ EngineOptions EngineFlags::options(std::unique_ptr<parallel::Communicator>* comm
   if (launched > 1 && threads == 0) options.threads = threads_per_process(parallel::launched_local_size());
   options.backend = reference ? "reference" : backend;
   options.device = device;
+  // A device with its own memory gets its weights uploaded once: show how far that is.
+  options.on_weight_upload = [bar = std::shared_ptr<ProgressBar>()](uint64_t done, uint64_t total) mutable {
+    if (!bar) bar = std::make_shared<ProgressBar>("uploading weights", total);
+    bar->update(done);
+    if (done >= total) bar->finish();
+  };
   if (reference && backend != "cpu" && backend != "reference") fail("--reference is --backend reference; it cannot be combined with --backend {}", backend);
   if (options.backend == "reference" && !dtype.empty() && dtype != "f32") fail("--backend reference computes in f32; it cannot be combined with --dtype {}", dtype);
   if (options.backend == "reference" && kv == "bf16") fail("--backend reference keeps the KV cache in f32; it cannot be combined with --kv bf16");

@@ -239,6 +239,26 @@ TEST(BackendRegistry, UnknownBackendNamesTheKnownOnes) {
   }
 }
 
+// A device with its own memory is checked with the planner's arithmetic before anything is uploaded.
+TEST(BackendRegistry, ModelThatDoesNotFitTheDeviceIsRefusedBeforeUpload) {
+  struct SmallDevice : CountingBackend {
+    using CountingBackend::CountingBackend;
+    uint64_t memory_bytes() const override { return 64 << 10; }  // 64 KiB
+  };
+  auto model = Model::load(kGoldenDir + "tiny-e2b");
+  auto device = std::make_unique<SmallDevice>(backend::make_backend({"cpu", 1}));
+  EngineOptions options;
+  options.context_tokens = 64;
+  try {
+    Transformer transformer(*model, options, std::move(device));
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("does not fit the cpu device"), std::string::npos) << message;
+    EXPECT_NE(message.find("GB"), std::string::npos) << message;
+  }
+}
+
 TEST(BackendRegistry, ReferenceBackendRefusesBf16) {
   auto model = Model::load(kGoldenDir + "tiny-e2b");
   EngineOptions options;
