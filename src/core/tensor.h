@@ -59,7 +59,7 @@ struct TensorView {
       case DType::kF16: return f16_to_float(reinterpret_cast<const uint16_t*>(data)[index]);
       case DType::kQ8: {
         const int64_t columns = shape.back();
-        const int64_t blocks = (columns + kQ8BlockValues - 1) / kQ8BlockValues;
+        const int64_t blocks = q8_blocks_per_row(columns);
         const int64_t row = index / columns;
         const int64_t block = (index % columns) / kQ8BlockValues;
         return static_cast<float>(reinterpret_cast<const int8_t*>(data)[index]) * q8_scales[row * blocks + block];
@@ -76,7 +76,7 @@ struct TensorView {
     part.data = data + static_cast<size_t>(index) * part.size_bytes();
     if (q8_scales != nullptr) {
       const int64_t columns = shape.back();
-      const int64_t scales_per_part = part.element_count() / columns * ((columns + kQ8BlockValues - 1) / kQ8BlockValues);
+      const int64_t scales_per_part = part.element_count() / columns * q8_blocks_per_row(columns);
       part.q8_scales = q8_scales + index * scales_per_part;
     }
     return part;

@@ -328,20 +328,21 @@ double Transformer::attention_flops_per_token(int position) const {
 
 // ---- entry points ----
 
-std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int position, int sequence) {
+int Transformer::single_sequence_rows(std::span<const int32_t> tokens, int position, int sequence) {
   if (tokens.empty()) fail("forward needs at least one token");
   row_scratch_.resize(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) row_scratch_[i] = {sequence, position + static_cast<int32_t>(i), tokens[i]};
-  const int last = static_cast<int>(tokens.size()) - 1;
+  return static_cast<int>(tokens.size()) - 1;
+}
+
+std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int position, int sequence) {
+  const int last = single_sequence_rows(tokens, position, sequence);
   run(row_scratch_, std::span<const int>(&last, 1), {.logits = last_logits_.data()});
   return last_logits_;
 }
 
 int32_t Transformer::forward_greedy(std::span<const int32_t> tokens, int position, int sequence) {
-  if (tokens.empty()) fail("forward needs at least one token");
-  row_scratch_.resize(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) row_scratch_[i] = {sequence, position + static_cast<int32_t>(i), tokens[i]};
-  const int last = static_cast<int>(tokens.size()) - 1;
+  const int last = single_sequence_rows(tokens, position, sequence);
   int32_t id = 0;
   run(row_scratch_, std::span<const int>(&last, 1), {.ids = &id});
   return id;

@@ -108,6 +108,8 @@ class Transformer {
   // Throws when the model does not fit a device with its own memory; returns the weight bytes to upload
   // there (0 for backends that keep weights in host memory).
   uint64_t check_fits(KvFormat kv_format) const;
+  // Fills row_scratch_ with one sequence's tokens from `position`; returns the last row's index.
+  int single_sequence_rows(std::span<const int32_t> tokens, int position, int sequence);
   void run(std::span<const BatchRow> rows, std::span<const int> logit_rows, StepOutput output);
   void run_local(std::span<const BatchRow> rows, std::span<const int> logit_rows, StepOutput output);
   void check_rows(std::span<const BatchRow> rows, std::span<const int> logit_rows) const;

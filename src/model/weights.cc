@@ -13,19 +13,17 @@ class TensorResolver {
  public:
   TensorResolver(const Checkpoint& checkpoint, std::string prefix) : checkpoint_(checkpoint), prefix_(std::move(prefix)) {}
 
-  TensorView require(const std::string& key, const std::vector<int64_t>& shape) { return get(prefix_ + key, shape, true); }
-  TensorView optional(const std::string& key, const std::vector<int64_t>& shape) { return get(prefix_ + key, shape, false); }
-  TensorView require_unprefixed(const std::string& name, const std::vector<int64_t>& shape) { return get(name, shape, true); }
-  bool has(const std::string& key) const { return checkpoint_.find(prefix_ + key) != nullptr; }
+  TensorView require(const std::string& key, const std::vector<int64_t>& shape) { return get(prefix_ + key, shape); }
+  TensorView require_unprefixed(const std::string& name, const std::vector<int64_t>& shape) { return get(name, shape); }
 
   const std::vector<std::string>& problems() const { return problems_; }
   const std::set<std::string>& used() const { return used_; }
 
  private:
-  TensorView get(const std::string& name, const std::vector<int64_t>& shape, bool required) {
+  TensorView get(const std::string& name, const std::vector<int64_t>& shape) {
     const StoredTensor* stored = checkpoint_.find(name);
     if (stored == nullptr) {
-      if (required) problems_.push_back(fmt::format("missing tensor {}", name));
+      problems_.push_back(fmt::format("missing tensor {}", name));
       return {};
     }
     used_.insert(name);

@@ -70,7 +70,7 @@ int quantize(const QuantizeFlags& flags) {
     const int64_t columns = view.shape.back();
     const int64_t elements = view.element_count();
     std::vector<int64_t> scale_shape = view.shape;
-    scale_shape.back() = (columns + kQ8BlockValues - 1) / kQ8BlockValues;
+    scale_shape.back() = q8_blocks_per_row(columns);
     tensors.push_back({name, "I8", view.shape, static_cast<uint64_t>(elements), nullptr, view, false});
     tensors.push_back({name + "_scale", "F32", scale_shape, static_cast<uint64_t>(elements / columns * scale_shape.back() * 4), nullptr, view, true});
   };
@@ -113,7 +113,7 @@ int quantize(const QuantizeFlags& flags) {
       // Row by row: the same quantisation the engine applies at load, so results are identical.
       const int64_t columns = tensor.quantize.shape.back();
       const int64_t rows = tensor.quantize.element_count() / columns;
-      const int64_t blocks = (columns + kQ8BlockValues - 1) / kQ8BlockValues;
+      const int64_t blocks = q8_blocks_per_row(columns);
       row.resize(columns);
       values.resize(columns);
       scales.resize(blocks);

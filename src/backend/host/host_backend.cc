@@ -136,7 +136,7 @@ void HostBackend::attention(Buffer queries, int rows, Buffer row_table, Buffer k
   const int threads = pool_.size();
   const size_t scores_per_thread = static_cast<size_t>(shape.group_size) * shape.cache_capacity;
   reserve(attention_scores_, scores_per_thread * threads);
-  if (attention_slots_.size() < static_cast<size_t>(shape.cache_capacity) * threads) attention_slots_.resize(static_cast<size_t>(shape.cache_capacity) * threads);
+  reserve(attention_slots_, static_cast<size_t>(shape.cache_capacity) * threads);
 
   // One task per (row, KV head): the group of query heads sharing that KV head reads its rows once.
   const int64_t tasks = static_cast<int64_t>(rows) * shape.kv_heads;
@@ -205,7 +205,7 @@ void HostBackend::expert_feed_forward(Buffer input, int rows, Buffer chosen_expe
   const float* weights = data(chosen_weights);
   float* result = data(out);
   std::fill(result, result + static_cast<int64_t>(rows) * hidden, 0.0f);
-  if (expert_rows_.size() < static_cast<size_t>(rows) * top_k) expert_rows_.resize(static_cast<size_t>(rows) * top_k);
+  reserve(expert_rows_, static_cast<size_t>(rows) * top_k);
   reserve(expert_gathered_, static_cast<size_t>(rows) * hidden);
   reserve(expert_hidden_, static_cast<size_t>(rows) * 2 * width);
   reserve(expert_activated_, static_cast<size_t>(rows) * width);

@@ -77,7 +77,8 @@ class HostBackend : public Backend {
     void operator()(std::byte* pointer) const { std::free(pointer); }
   };
   // Grow-only scratch: sized by the first step at each shape, so later steps allocate nothing.
-  static void reserve(std::vector<float>& scratch, size_t size) {
+  template <typename T>
+  static void reserve(std::vector<T>& scratch, size_t size) {
     if (scratch.size() < size) scratch.resize(size);
   }
 

@@ -100,6 +100,14 @@ DeviceInfo describe(const VulkanApi& api, VkPhysicalDevice physical, int index) 
   return info;
 }
 
+// Every device the instance sees, described; throws the one-line error when there is none.
+std::vector<DeviceInfo> describe_devices(const VulkanApi& api, const std::vector<VkPhysicalDevice>& physical) {
+  std::vector<DeviceInfo> devices;
+  for (size_t index = 0; index < physical.size(); ++index) devices.push_back(describe(api, physical[index], static_cast<int>(index)));
+  if (devices.empty()) fail("Vulkan: the loader found no device (is a driver installed? Debian: mesa-vulkan-drivers for lavapipe)");
+  return devices;
+}
+
 }  // namespace
 
 std::string version_string(uint32_t version) {
@@ -110,10 +118,13 @@ std::vector<DeviceInfo> list_devices() {
   VulkanApi api;
   VkInstance instance = create_instance(api);
   std::vector<DeviceInfo> devices;
-  const std::vector<VkPhysicalDevice> physical = physical_devices(api, instance);
-  for (size_t index = 0; index < physical.size(); ++index) devices.push_back(describe(api, physical[index], static_cast<int>(index)));
+  try {
+    devices = describe_devices(api, physical_devices(api, instance));
+  } catch (...) {
+    api.vkDestroyInstance(instance, nullptr);
+    throw;
+  }
   api.vkDestroyInstance(instance, nullptr);
-  if (devices.empty()) fail("Vulkan: the loader found no device (is a driver installed? Debian: mesa-vulkan-drivers for lavapipe)");
   return devices;
 }
 
@@ -147,9 +158,7 @@ int choose_device(const std::vector<DeviceInfo>& devices, int requested) {
 Device::Device(int requested_device) {
   instance_ = create_instance(api_);
   const std::vector<VkPhysicalDevice> physical = physical_devices(api_, instance_);
-  std::vector<DeviceInfo> devices;
-  for (size_t index = 0; index < physical.size(); ++index) devices.push_back(describe(api_, physical[index], static_cast<int>(index)));
-  if (devices.empty()) fail("Vulkan: the loader found no device (is a driver installed? Debian: mesa-vulkan-drivers for lavapipe)");
+  const std::vector<DeviceInfo> devices = describe_devices(api_, physical);
   const int chosen = choose_device(devices, requested_device);
   physical_ = physical[static_cast<size_t>(chosen)];
   info_ = devices[static_cast<size_t>(chosen)];

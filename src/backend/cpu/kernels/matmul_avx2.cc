@@ -101,7 +101,7 @@ struct Q8Sign {
   struct WVec { __m256i values; __m256 scale; };
   struct XVec { __m256i values, magnitudes; __m256 scale; };
   static Row row(const MatmulOperands& op, int64_t r) {
-    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * ((op.cols + kQ8BlockValues - 1) / kQ8BlockValues)};
+    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * q8_blocks_per_row(op.cols)};
   }
   static Token token(const MatmulOperands& op, int64_t t) {
     return {static_cast<const int8_t*>(op.x) + t * op.x_stride, op.x_scales + t * (op.x_stride / kQ8BlockValues)};

@@ -153,7 +153,7 @@ struct Q8Vnni {
             _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(two_scales))};
   }
   static Row row(const MatmulOperands& op, int64_t r) {
-    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * ((op.cols + kQ8BlockValues - 1) / kQ8BlockValues)};
+    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * q8_blocks_per_row(op.cols)};
   }
   static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride * 2}; }
   static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.values + k, offset); }
