@@ -62,6 +62,15 @@ struct AttentionShape {
   int cache_capacity = 0;    // slots per sequence; a position lives in slot position % capacity
   int sliding_window = 0;    // 0: full attention; else each query sees its last sliding_window keys
   KvFormat kv_format = KvFormat::kF32;
+  // K=V layers cache only the values (the RMS-normalised raw k_proj rows); each key is rebuilt from its
+  // value as RoPE(value * key_norm) at the key's position, so the layer's cache is one tensor, not two.
+  // Unset (key_norm invalid): keys are read from the key cache.
+  struct DerivedKeys {
+    Buffer key_norm;        // [head_dim] the layer's k_norm weight
+    Buffer rotations;       // [position][2 * rotated_pairs]: cos of each rotated pair, then sin
+    int rotated_pairs = 0;  // leading frequency pairs (d, d + head_dim / 2) that rotate; the rest have frequency 0
+  } derived_keys;
+  bool keys_derived() const { return derived_keys.key_norm.valid(); }
 };
 
 // The mixture of experts of one layer: the chosen experts' weights and their geometry.
@@ -153,7 +162,7 @@ class Backend {
   virtual void store_kv(Buffer source, int rows, int64_t row_elements, Buffer row_table, Buffer cache, int capacity,
                         KvFormat format) = 0;
   // out = softmax(q . k) v over each row's visible cached positions (scale 1: Gemma-4 has none), for
-  // every query head; K=V layers pass the same buffer twice.
+  // every query head; with shape.keys_derived() the keys are rebuilt from `values` and `keys` is unused.
   virtual void attention(Buffer queries, int rows, Buffer row_table, Buffer keys, Buffer values, const AttentionShape& shape,
                          Buffer out) = 0;
   // Router: softmax over `experts` logits per row, the top_k most probable (ties: the lower index)

@@ -20,8 +20,10 @@ KvCache::KvCache(backend::Backend& backend, const ModelConfig& config, int conte
     if (!geometry.owns_kv(layer)) continue;
     capacity_[layer] = geometry.is_sliding() ? std::min(context_tokens, geometry.sliding_window + max_chunk_tokens - 1) : context_tokens;
     const size_t bytes = static_cast<size_t>(sequences) * capacity_[layer] * row_elements(layer) * element_bytes();
-    storage_[layer] = {backend.allocate(bytes), backend.allocate(bytes)};
-    size_bytes_ += 2 * bytes;
+    // K=V layers keep only the values; attention rebuilds each key from its value.
+    if (!geometry.k_eq_v) storage_[layer].keys = backend.allocate(bytes);
+    storage_[layer].values = backend.allocate(bytes);
+    size_bytes_ += tensors(layer) * bytes;
   }
 }
 
@@ -29,7 +31,7 @@ size_t KvCache::bytes_per_context_token() const {
   size_t total = 0;
   for (int layer = 0; layer < config_->num_layers; ++layer) {
     if (capacity_[layer] == 0 || config_->layers[layer].is_sliding()) continue;
-    total += 2 * static_cast<size_t>(row_elements(layer)) * element_bytes();
+    total += tensors(layer) * static_cast<size_t>(row_elements(layer)) * element_bytes();
   }
   return total * sequences_;
 }

@@ -3,6 +3,9 @@
 // layer's. Full-attention layers keep one slot per context position; sliding layers keep a ring of
 // sliding_window + chunk - 1 slots: the oldest key the first row of a chunk needs survives while the
 // whole chunk is written. A layer's keys (and values) are one buffer [sequence][slot][KV heads * head dim].
+// K=V layers (V = v_norm(k_proj x), K = RoPE(k_norm(k_proj x))) keep only the values: K is V scaled by
+// the k_norm weight and rotated, so attention rebuilds it (AttentionShape::DerivedKeys) and the layer's
+// cache is half the size.
 #pragma once
 
 #include <cstddef>
@@ -24,8 +27,9 @@ class KvCache {
   int context_tokens() const { return context_tokens_; }
   int sequences() const { return sequences_; }
   KvFormat format() const { return format_; }
-  // Storage of the layer that owns the K/V `layer` reads.
+  // Storage of the layer that owns the K/V `layer` reads; keys are invalid where they are derived.
   backend::Buffer keys(int layer) const { return storage_[source(layer)].keys; }
+  bool keys_derived(int layer) const { return config_->layers[source(layer)].k_eq_v; }
   backend::Buffer values(int layer) const { return storage_[source(layer)].values; }
   // Slots per sequence; a position lives in slot position % capacity.
   int capacity(int layer) const { return capacity_[source(layer)]; }
@@ -42,6 +46,7 @@ class KvCache {
     backend::Buffer keys, values;
   };
   size_t source(int layer) const { return static_cast<size_t>(config_->layers[layer].kv_source_layer); }
+  size_t tensors(int layer) const { return config_->layers[layer].k_eq_v ? 1 : 2; }
 
   const ModelConfig* config_;
   int context_tokens_;

@@ -25,4 +25,24 @@ void RopeTable::angles(int position, float* cos, float* sin) const {
   }
 }
 
+int RopeTable::rotated_pairs() const {
+  int pairs = static_cast<int>(inverse_frequencies_.size());
+  while (pairs > 0 && inverse_frequencies_[static_cast<size_t>(pairs - 1)] == 0.0f) --pairs;
+  return pairs;
+}
+
+std::vector<float> RopeTable::rotations(int positions) const {
+  const int pairs = rotated_pairs();
+  std::vector<float> table(static_cast<size_t>(positions) * 2 * pairs);
+  for (int position = 0; position < positions; ++position) {
+    float* cos = table.data() + static_cast<size_t>(position) * 2 * pairs;
+    for (int i = 0; i < pairs; ++i) {
+      const float angle = static_cast<float>(position) * inverse_frequencies_[static_cast<size_t>(i)];
+      cos[i] = std::cos(angle);
+      cos[pairs + i] = std::sin(angle);
+    }
+  }
+  return table;
+}
+
 }  // namespace gemma4rt

@@ -15,6 +15,11 @@ class RopeTable {
   // cos and sin of every head dimension at `position`, each head_dim long (the angle list repeated twice).
   void angles(int position, float* cos, float* sin) const;
   const std::vector<float>& inverse_frequencies() const { return inverse_frequencies_; }
+  // Pairs (i, i + head_dim / 2) that rotate: those up to the last non-zero frequency.
+  int rotated_pairs() const;
+  // cos then sin of the rotated pairs' angles at positions 0 .. positions-1: [position][2 * rotated_pairs()],
+  // the same angles as angles() (K=V attention rebuilds keys from it).
+  std::vector<float> rotations(int positions) const;
   int head_dim() const { return head_dim_; }
 
  private:

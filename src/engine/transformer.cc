@@ -185,6 +185,13 @@ void Transformer::load() {
   const RopeTable rope_full(config_.rope_full, config_.global_head_dim > 0 ? config_.global_head_dim : config_.head_dim);
   rope_sliding_ = device.upload_constant(rope_sliding.inverse_frequencies());
   rope_full_ = device.upload_constant(rope_full.inverse_frequencies());
+  // K=V layers rebuild keys at every cached position: the rotations of each position, once.
+  for (const LayerConfig& layer : config_.layers) {
+    KeyRotations& rotations = layer.is_sliding() ? key_rotations_sliding_ : key_rotations_full_;
+    if (!layer.k_eq_v || rotations.table.valid()) continue;
+    const RopeTable& rope = layer.is_sliding() ? rope_sliding : rope_full;
+    rotations = {device.upload_constant(rope.rotations(options_.context_tokens)), rope.rotated_pairs()};
+  }
 
   // The reference casts sqrt(width) to the embedding's compute dtype before multiplying: exact in fp32,
   // rounded (39.25 for E2B) when the model computes in bf16.
@@ -540,21 +547,23 @@ void Transformer::attention(int layer, int count) {
 
   device.matmul(normed_, count, state.q, query_);
   device.rms_norm(query_, count * query_heads.count, head_dim, state.q_norm, eps_, query_);
+  // K=V layers cache only V = v_norm(k_proj x); attention rebuilds K = RoPE(V * k_norm) from it.
+  const bool keys_derived = cache_->keys_derived(layer);
   if (owns_kv) {
-    device.matmul(normed_, count, state.k, key_);
     if (geometry.k_eq_v) {
-      // K=V layers: V is the raw k_proj output, taken before k_norm and RoPE touch K.
-      device.copy(key_, value_, count * kv_row);
+      device.matmul(normed_, count, state.k, value_);
     } else {
+      device.matmul(normed_, count, state.k, key_);
       device.matmul(normed_, count, state.v, value_);
+      device.rms_norm(key_, count * kv_heads.count, head_dim, state.k_norm, eps_, key_);
     }
-    device.rms_norm(key_, count * kv_heads.count, head_dim, state.k_norm, eps_, key_);
     device.rms_norm(value_, count * kv_heads.count, head_dim, Buffer{}, eps_, value_);  // v_norm has no weight
   }
-  device.rope(query_, static_cast<int>(query_heads.count), key_, owns_kv ? static_cast<int>(kv_heads.count) : 0, count, head_dim, row_table_,
+  const bool rotate_keys = owns_kv && !geometry.k_eq_v;
+  device.rope(query_, static_cast<int>(query_heads.count), key_, rotate_keys ? static_cast<int>(kv_heads.count) : 0, count, head_dim, row_table_,
               geometry.is_sliding() ? rope_sliding_ : rope_full_);
   if (owns_kv) {
-    device.store_kv(key_, count, kv_row, row_table_, cache_->keys(layer), cache_->capacity(layer), cache_->format());
+    if (!geometry.k_eq_v) device.store_kv(key_, count, kv_row, row_table_, cache_->keys(layer), cache_->capacity(layer), cache_->format());
     device.store_kv(value_, count, kv_row, row_table_, cache_->values(layer), cache_->capacity(layer), cache_->format());
   }
 
@@ -568,6 +577,11 @@ void Transformer::attention(int layer, int count) {
   shape.cache_capacity = cache_->capacity(layer);
   shape.sliding_window = geometry.is_sliding() ? geometry.sliding_window : 0;
   shape.kv_format = cache_->format();
+  if (keys_derived) {
+    const int source = geometry.kv_source_layer;
+    const KeyRotations& rotations = config_.layers[static_cast<size_t>(source)].is_sliding() ? key_rotations_sliding_ : key_rotations_full_;
+    shape.derived_keys = {layers_[static_cast<size_t>(source)]->k_norm, rotations.table, rotations.pairs};
+  }
   device.attention(query_, count, row_table_, cache_->keys(layer), cache_->values(layer), shape, attention_out_);
   device.matmul(attention_out_, count, state.o, branch_);
   all_reduce(branch_, static_cast<int64_t>(count) * config_.hidden_size);  // o_proj is row-parallel

@@ -149,6 +149,11 @@ class Transformer {
   backend::Weight per_layer_model_projection_;
   backend::Buffer final_norm_, per_layer_projection_norm_;
   backend::Buffer rope_sliding_, rope_full_;   // inverse frequencies
+  struct KeyRotations {
+    backend::Buffer table;  // RopeTable::rotations over the context; only where a K=V layer has this attention type
+    int pairs = 0;
+  };
+  KeyRotations key_rotations_sliding_, key_rotations_full_;
   float embed_scale_ = 1.0f;
   float per_layer_embed_scale_ = 1.0f;
 

@@ -199,7 +199,9 @@ RankBytes compute_rank_bytes(const ModelConfig& config, const ShardPlan& shards,
     const LayerConfig& geometry = config.layers[static_cast<size_t>(shard.layer)];
     const int64_t slots = shard.sliding ? std::min<int64_t>(options.context_tokens, geometry.sliding_window + window_extra)
                                         : options.context_tokens;
-    memory.kv_cache_bytes += static_cast<int64_t>(options.batch) * slots * shard.kv_heads_per_rank * shard.head_dim * 2 * kv_value_bytes;
+    // gemma4rt caches one tensor on K=V layers (keys are rebuilt from values); the Neuron port caches both.
+    const int64_t tensors = geometry.k_eq_v && target.kind != TargetKind::kNeuron ? 1 : 2;
+    memory.kv_cache_bytes += static_cast<int64_t>(options.batch) * slots * shard.kv_heads_per_rank * shard.head_dim * tensors * kv_value_bytes;
   }
 
   // Activations, fp32 scratch for one prefill chunk through the largest layer (decode needs less).

@@ -390,8 +390,13 @@ TEST(Deployment, KvCacheCountsOnlyKvOwningLayersAndSlidingWindows) {
   const auto h200 = parse_target("h200");
   const int64_t at4 = planning::rank_memory(config, make_shard_plan(config, 4), h200, options).kv_cache_bytes;
   const int64_t at8 = planning::rank_memory(config, make_shard_plan(config, 8), h200, options).kv_cache_bytes;
-  const int64_t global_at4 = 10 * int64_t{4096} * 512 * 2 * 2;  // one of four heads per rank at TP=4
+  // 31B's global layers are K=V: one cached tensor (values; keys are rebuilt from them).
+  const int64_t global_at4 = 10 * int64_t{4096} * 512 * 2 * 1;  // one of four heads per rank at TP=4
   EXPECT_EQ(at4 - at8, (at4 - global_at4) / 2);                 // sliding halves, global stays one head
+  // The Neuron port caches K and V separately on K=V layers too: its global layers cost twice as much.
+  const auto inf2 = parse_target("inf2.48xlarge");
+  const int64_t neuron_at4 = planning::rank_memory(config, make_shard_plan(config, 4), inf2, options).kv_cache_bytes;
+  EXPECT_EQ(neuron_at4 - at4, global_at4);
 }
 
 TEST(Deployment, TargetsAndOptionsAreChecked) {

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/cpu/kernels/matmul.h"
+#include "backend/reference/kernels.h"
 #include "backend/registry.h"
 #include "core/bf16.h"
 #include "engine/rope.h"
@@ -199,15 +200,27 @@ TEST_F(VulkanOps, RopeDefaultAndProportional) {
 }
 
 // K/V stores and attention over several steps of two interleaved sequences: chunked prefill rows,
-// then decode rows, sliding rings that wrap, every GQA grouping up to 8, K=V, f32 and bf16 caches.
+// then decode rows, sliding rings that wrap, every GQA grouping up to 8, f32 and bf16 caches. K=V
+// cases cache only values and rebuild keys as RoPE(value * key_norm); on the reference that equals
+// attention over keys rotated on the host and cached explicitly.
 TEST_F(VulkanOps, AttentionMatchesReference) {
   struct Case {
     int head_dim, kv_heads, group, window, capacity;
     bool k_eq_v;
   };
   const std::vector<Case> cases = {{64, 1, 1, 0, 24, false}, {64, 2, 2, 0, 24, false}, {256, 1, 3, 5, 7, false},
-                                   {128, 2, 4, 0, 24, true}, {512, 1, 8, 6, 8, true}, {72, 1, 5, 4, 6, false}};
+                                   {128, 2, 4, 0, 24, true}, {512, 1, 8, 6, 8, true},   {72, 1, 5, 4, 6, false},
+                                   {512, 2, 2, 0, 24, true}};
+  RopeConfig proportional;
+  proportional.type = "proportional";
+  proportional.theta = 1000000.0;
+  proportional.partial_rotary_factor = 0.25;
+  constexpr int kPositions = 20;
   for (const Case& c : cases) {
+    // Full-attention K=V layers use proportional RoPE (a quarter of the pairs rotate); the sliding
+    // case rotates every pair.
+    const RopeTable rope(c.window > 0 ? RopeConfig{} : proportional, c.head_dim);
+    const std::vector<float> key_norm = random_values(static_cast<size_t>(c.head_dim), 7, 0.3f);
     for (const KvFormat format : {KvFormat::kF32, KvFormat::kBF16}) {
       SCOPED_TRACE(fmt::format("head_dim {} kv_heads {} group {} window {} capacity {} k=v {} {}", c.head_dim, c.kv_heads, c.group, c.window,
                                c.capacity, c.k_eq_v, format_name(format)));
@@ -219,37 +232,56 @@ TEST_F(VulkanOps, AttentionMatchesReference) {
         steps.push_back({{0, start}, {0, start + 1}, {0, start + 2}});
         steps.push_back({{1, start}, {1, start + 1}, {1, start + 2}});
       }
-      for (int position = 9; position < 20; ++position) steps.push_back({{0, position}, {1, position}});
-      expect_same(
-          [&](Backend& device) {
-            const bool is_reference = device.name() == "reference";
-            const KvFormat stored = is_reference ? KvFormat::kF32 : format;
-            const size_t cache_bytes = static_cast<size_t>(2) * c.capacity * kv_row * kv_element_bytes(stored);
-            const Buffer keys = device.allocate(cache_bytes), values = c.k_eq_v ? keys : device.allocate(cache_bytes);
-            backend::AttentionShape shape{c.head_dim, query_heads, c.kv_heads, 0, 0, c.group, c.capacity, c.window, stored};
-            std::vector<float> outputs;
-            uint32_t seed = 100;
-            for (const auto& step : steps) {
-              const int rows = static_cast<int>(step.size());
-              std::vector<int32_t> table;
-              for (const auto& [sequence, position] : step) table.insert(table.end(), {sequence, position, 0});
-              const Buffer row_table = ints(device, table);
-              std::vector<float> k = random_values(static_cast<size_t>(rows) * kv_row, seed++), v = random_values(k.size(), seed++);
-              if (format == KvFormat::kBF16) {  // what a bf16 cache keeps, so both backends attend over the same values
-                for (float& value : k) value = bf16_to_float(float_to_bf16(value));
-                for (float& value : v) value = bf16_to_float(float_to_bf16(value));
+      for (int position = 9; position < kPositions; ++position) steps.push_back({{0, position}, {1, position}});
+      // explicit_keys: K=V keys rotated here and cached as keys (the reference path without derivation).
+      auto program = [&](Backend& device, bool explicit_keys) {
+        const bool is_reference = device.name() == "reference";
+        const KvFormat stored = is_reference ? KvFormat::kF32 : format;
+        const bool derived = c.k_eq_v && !explicit_keys;
+        const size_t cache_bytes = static_cast<size_t>(2) * c.capacity * kv_row * kv_element_bytes(stored);
+        const Buffer values = device.allocate(cache_bytes), keys = derived ? Buffer{} : device.allocate(cache_bytes);
+        backend::AttentionShape shape{c.head_dim, query_heads, c.kv_heads, 0, 0, c.group, c.capacity, c.window, stored};
+        if (derived) shape.derived_keys = {device.upload_constant(key_norm), device.upload_constant(rope.rotations(kPositions)), rope.rotated_pairs()};
+        std::vector<float> outputs;
+        uint32_t seed = 100;
+        for (const auto& step : steps) {
+          const int rows = static_cast<int>(step.size());
+          std::vector<int32_t> table;
+          for (const auto& [sequence, position] : step) table.insert(table.end(), {sequence, position, 0});
+          const Buffer row_table = ints(device, table);
+          std::vector<float> k = random_values(static_cast<size_t>(rows) * kv_row, seed++), v = random_values(k.size(), seed++);
+          if (format == KvFormat::kBF16) {  // what a bf16 cache keeps, so both backends attend over the same values
+            for (float& value : k) value = bf16_to_float(float_to_bf16(value));
+            for (float& value : v) value = bf16_to_float(float_to_bf16(value));
+          }
+          if (explicit_keys) {  // K = RoPE(V * key_norm) per row and head, at the row's position
+            std::vector<float> cos(static_cast<size_t>(c.head_dim)), sin(cos.size());
+            for (int r = 0; r < rows; ++r) {
+              rope.angles(step[static_cast<size_t>(r)].second, cos.data(), sin.data());
+              for (int h = 0; h < c.kv_heads; ++h) {
+                float* head = k.data() + (static_cast<int64_t>(r) * c.kv_heads + h) * c.head_dim;
+                const float* value = v.data() + (static_cast<int64_t>(r) * c.kv_heads + h) * c.head_dim;
+                for (int d = 0; d < c.head_dim; ++d) head[d] = value[d] * key_norm[static_cast<size_t>(d)];
+                reference::apply_rope(head, c.head_dim, cos.data(), sin.data());
               }
-              device.store_kv(device.upload_constant(k), rows, kv_row, row_table, keys, c.capacity, stored);
-              if (!c.k_eq_v) device.store_kv(device.upload_constant(v), rows, kv_row, row_table, values, c.capacity, stored);
-              const std::vector<float> q = random_values(static_cast<size_t>(rows) * query_heads * c.head_dim, seed++, 0.3f);
-              const Buffer out = device.allocate(q.size() * sizeof(float));
-              device.attention(device.upload_constant(q), rows, row_table, keys, values, shape, out);
-              const std::vector<float> result = read(device, out, q.size());
-              outputs.insert(outputs.end(), result.begin(), result.end());
             }
-            return outputs;
-          },
-          2e-5f, 2e-5f);
+          }
+          if (!derived) device.store_kv(device.upload_constant(k), rows, kv_row, row_table, keys, c.capacity, stored);
+          device.store_kv(device.upload_constant(v), rows, kv_row, row_table, values, c.capacity, stored);
+          const std::vector<float> q = random_values(static_cast<size_t>(rows) * query_heads * c.head_dim, seed++, 0.3f);
+          const Buffer out = device.allocate(q.size() * sizeof(float));
+          device.attention(device.upload_constant(q), rows, row_table, keys, values, shape, out);
+          const std::vector<float> result = read(device, out, q.size());
+          outputs.insert(outputs.end(), result.begin(), result.end());
+        }
+        return outputs;
+      };
+      expect_same([&](Backend& device) { return program(device, false); }, 2e-5f, 2e-5f);
+      if (c.k_eq_v && format == KvFormat::kF32) {
+        const std::vector<float> derived = program(*reference_, false), rotated = program(*reference_, true);
+        ASSERT_EQ(derived.size(), rotated.size());
+        for (size_t i = 0; i < derived.size(); ++i) ASSERT_NEAR(derived[i], rotated[i], 1e-5f + 1e-5f * std::fabs(rotated[i])) << "element " << i;
+      }
     }
   }
 }

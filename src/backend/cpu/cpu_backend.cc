@@ -58,9 +58,14 @@ void CpuBackend::store_kv_row(const float* source, int64_t count, KvFormat forma
   kernels::store_kv_row(source, count, format, destination);
 }
 
-void CpuBackend::attend_group(const float* queries, int group, int head_dim, const std::byte* keys, const std::byte* values,
-                              KvFormat format, int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) {
-  kernels::attend_group(queries, group, head_dim, keys, values, format, row_stride, slots, scores, out);
+void CpuBackend::score_keys(const float* queries, int group, int head_dim, const std::byte* keys, KvFormat format, int64_t row_stride,
+                            std::span<const int32_t> slots, float* scores) {
+  kernels::attention_scores(queries, group, head_dim, keys, format, row_stride, slots, scores);
+}
+
+void CpuBackend::weigh_values(float* scores, int group, int head_dim, const std::byte* values, KvFormat format, int64_t row_stride,
+                              std::span<const int32_t> slots, float* out) {
+  kernels::attention_weigh_values(scores, group, head_dim, values, format, row_stride, slots, out);
 }
 
 void CpuBackend::softcap_span(float* values, int64_t count, float cap) { kernels::softcap(values, count, cap); }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/host/bandwidth.h"
+#include "core/bf16.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
 
@@ -137,6 +138,12 @@ void HostBackend::attention(Buffer queries, int rows, Buffer row_table, Buffer k
   const size_t scores_per_thread = static_cast<size_t>(shape.group_size) * shape.cache_capacity;
   reserve(attention_scores_, scores_per_thread * threads);
   reserve(attention_slots_, static_cast<size_t>(shape.cache_capacity) * threads);
+  if (shape.keys_derived()) {
+    reserve(rebuilt_keys_, static_cast<size_t>(kDerivedKeyBlock) * head_dim * threads);
+    reserve(block_scores_, static_cast<size_t>(kDerivedKeyBlock) * shape.group_size * threads);
+    reserve(block_slots_, static_cast<size_t>(kDerivedKeyBlock));
+    for (int j = 0; j < kDerivedKeyBlock; ++j) block_slots_[static_cast<size_t>(j)] = j;
+  }
 
   // One task per (row, KV head): the group of query heads sharing that KV head reads its rows once.
   const int64_t tasks = static_cast<int64_t>(rows) * shape.kv_heads;
@@ -157,9 +164,19 @@ void HostBackend::attention(Buffer queries, int rows, Buffer row_table, Buffer k
       const int last_query = std::min((model_kv_head + 1) * shape.group_size, last_query_head) - shape.first_query_head;
       if (first_query >= last_query) continue;
       const int64_t head_offset = static_cast<int64_t>(entry.sequence) * sequence_bytes + static_cast<int64_t>(kv_head) * head_dim * element_bytes;
-      attend_group(data(queries) + row * query_row + static_cast<int64_t>(first_query) * head_dim, last_query - first_query, head_dim,
-                   data<const std::byte>(keys) + head_offset, data<const std::byte>(values) + head_offset, shape.kv_format, kv_row,
-                   std::span<const int32_t>(slots, key_count), scores, data(out) + row * query_row + static_cast<int64_t>(first_query) * head_dim);
+      const float* group_queries = data(queries) + row * query_row + static_cast<int64_t>(first_query) * head_dim;
+      const int group = last_query - first_query;
+      const std::span<const int32_t> visible(slots, key_count);
+      const std::byte* value_rows = data<const std::byte>(values) + head_offset;
+      if (shape.keys_derived()) {
+        derived_scores(shape, group_queries, group, value_rows, kv_row, first_key, visible,
+                       rebuilt_keys_.data() + static_cast<size_t>(thread) * kDerivedKeyBlock * head_dim,
+                       block_scores_.data() + static_cast<size_t>(thread) * kDerivedKeyBlock * shape.group_size, scores);
+      } else {
+        score_keys(group_queries, group, head_dim, data<const std::byte>(keys) + head_offset, shape.kv_format, kv_row, visible, scores);
+      }
+      weigh_values(scores, group, head_dim, value_rows, shape.kv_format, kv_row, visible,
+                   data(out) + row * query_row + static_cast<int64_t>(first_query) * head_dim);
     }
   };
   // Short contexts of small models are cheaper on one thread than waking the pool.
@@ -168,6 +185,46 @@ void HostBackend::attention(Buffer queries, int rows, Buffer row_table, Buffer k
     attend_tasks(0, 1);
   } else {
     pool_.run(attend_tasks);
+  }
+}
+
+// K=V layers: the visible keys are rebuilt from the cached values a block at a time (key = RoPE(value *
+// key_norm) at the key's position), scored in fp32 against the group's queries, and the block's scores
+// placed in the row of all visible keys that the softmax then reads.
+void HostBackend::derived_scores(const AttentionShape& shape, const float* queries, int group, const std::byte* value_rows,
+                                 int64_t row_stride, int first_key, std::span<const int32_t> visible, float* keys, float* block_scores,
+                                 float* scores) {
+  const int head_dim = shape.head_dim;
+  const int half = head_dim / 2;
+  const int pairs = shape.derived_keys.rotated_pairs;
+  const float* key_norm = data(shape.derived_keys.key_norm);
+  const float* rotations = data(shape.derived_keys.rotations);
+  const int64_t count = static_cast<int64_t>(visible.size());
+  for (int64_t first = 0; first < count; first += kDerivedKeyBlock) {
+    const int block = static_cast<int>(std::min<int64_t>(kDerivedKeyBlock, count - first));
+    for (int j = 0; j < block; ++j) {
+      float* key = keys + static_cast<int64_t>(j) * head_dim;
+      const int64_t row = static_cast<int64_t>(visible[static_cast<size_t>(first + j)]) * row_stride;
+      if (shape.kv_format == KvFormat::kF32) {
+        const float* value = reinterpret_cast<const float*>(value_rows) + row;
+        for (int d = 0; d < head_dim; ++d) key[d] = value[d] * key_norm[d];
+      } else {
+        const uint16_t* value = reinterpret_cast<const uint16_t*>(value_rows) + row;
+        for (int d = 0; d < head_dim; ++d) key[d] = bf16_to_float(value[d]) * key_norm[d];
+      }
+      const float* cos = rotations + (static_cast<int64_t>(first_key) + first + j) * 2 * pairs;
+      const float* sin = cos + pairs;
+      for (int i = 0; i < pairs; ++i) {
+        const float a = key[i], b = key[i + half];
+        key[i] = a * cos[i] - b * sin[i];
+        key[i + half] = b * cos[i] + a * sin[i];
+      }
+    }
+    score_keys(queries, group, head_dim, reinterpret_cast<const std::byte*>(keys), KvFormat::kF32, head_dim,
+               std::span<const int32_t>(block_slots_.data(), static_cast<size_t>(block)), block_scores);
+    for (int h = 0; h < group; ++h) {
+      std::copy_n(block_scores + static_cast<int64_t>(h) * block, block, scores + h * count + first);
+    }
   }
 }
 

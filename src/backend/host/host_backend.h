@@ -60,9 +60,12 @@ class HostBackend : public Backend {
   virtual void add_span(float* y, const float* x, int64_t count) = 0;
   virtual void rotate_heads(float* heads, int count, int head_dim, const float* cos, const float* sin) = 0;
   virtual void store_kv_row(const float* source, int64_t count, KvFormat format, void* destination) = 0;
-  // `group` query heads that share one KV head against the listed cached slots (see kernels::attend_group).
-  virtual void attend_group(const float* queries, int group, int head_dim, const std::byte* keys, const std::byte* values,
-                            KvFormat format, int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) = 0;
+  // Attention of `group` query heads that share one KV head, in two phases (see kernels::attend_group):
+  // scores [group][slots.size()] against the listed key rows, then softmax and the weighted value rows.
+  virtual void score_keys(const float* queries, int group, int head_dim, const std::byte* keys, KvFormat format, int64_t row_stride,
+                          std::span<const int32_t> slots, float* scores) = 0;
+  virtual void weigh_values(float* scores, int group, int head_dim, const std::byte* values, KvFormat format, int64_t row_stride,
+                            std::span<const int32_t> slots, float* out) = 0;
   virtual void softcap_span(float* values, int64_t count, float cap) = 0;
   virtual void router_softmax(float* values, int64_t count) = 0;
 
@@ -82,6 +85,9 @@ class HostBackend : public Backend {
     if (scratch.size() < size) scratch.resize(size);
   }
 
+  void derived_scores(const AttentionShape& shape, const float* queries, int group, const std::byte* value_rows, int64_t row_stride,
+                      int first_key, std::span<const int32_t> visible, float* keys, float* block_scores, float* scores);
+
   ThreadPool pool_;
   std::vector<std::unique_ptr<std::byte, FreeDeleter>> buffers_;
   size_t buffer_bytes_ = 0;
@@ -89,6 +95,10 @@ class HostBackend : public Backend {
   // Attention: scores and slot lists, one block per thread.
   std::vector<float> attention_scores_;
   std::vector<int32_t> attention_slots_;
+  // K=V attention: keys rebuilt from values a block at a time, per thread; the block's scores; slots 0..block-1.
+  static constexpr int kDerivedKeyBlock = 64;
+  std::vector<float> rebuilt_keys_, block_scores_;
+  std::vector<int32_t> block_slots_;
   std::vector<float> rope_cos_, rope_sin_;
   // Mixture of experts: per expert the rows that chose it, their inputs and intermediate products.
   std::vector<int> expert_rows_;

@@ -66,13 +66,22 @@ void apply_rope(float* head, int64_t head_dim, const float* cos, const float* si
 
 void attend(const float* query, int64_t head_dim, const float* keys, const float* values, int64_t row_stride,
             std::span<const int32_t> slots, float* scores, float* out) {
-  const int64_t count = static_cast<int64_t>(slots.size());
-  for (int64_t k = 0; k < count; ++k) {
+  attention_scores(query, head_dim, keys, row_stride, slots, scores);
+  weigh_values(scores, head_dim, values, row_stride, slots, out);
+}
+
+void attention_scores(const float* query, int64_t head_dim, const float* keys, int64_t row_stride, std::span<const int32_t> slots,
+                      float* scores) {
+  for (size_t k = 0; k < slots.size(); ++k) {
     const float* key = keys + static_cast<int64_t>(slots[k]) * row_stride;
     double dot = 0.0;
     for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<double>(query[d]) * key[d];
     scores[k] = static_cast<float>(dot);
   }
+}
+
+void weigh_values(float* scores, int64_t head_dim, const float* values, int64_t row_stride, std::span<const int32_t> slots, float* out) {
+  const int64_t count = static_cast<int64_t>(slots.size());
   softmax(scores, count);
   std::fill(out, out + head_dim, 0.0f);
   for (int64_t k = 0; k < count; ++k) {

@@ -31,5 +31,10 @@ void apply_rope(float* head, int64_t head_dim, const float* cos, const float* si
 // Rows are found at base + slot * row_stride. `scores` needs room for slots.size() floats.
 void attend(const float* query, int64_t head_dim, const float* keys, const float* values, int64_t row_stride,
             std::span<const int32_t> slots, float* scores, float* out);
+// attend's two phases: scores[j] = q . k_j (double sums); then softmax of the scores (left in `scores`)
+// and out = sum_j p_j v_j.
+void attention_scores(const float* query, int64_t head_dim, const float* keys, int64_t row_stride, std::span<const int32_t> slots,
+                      float* scores);
+void weigh_values(float* scores, int64_t head_dim, const float* values, int64_t row_stride, std::span<const int32_t> slots, float* out);
 
 }  // namespace gemma4rt::reference

@@ -50,11 +50,20 @@ void ReferenceBackend::store_kv_row(const float* source, int64_t count, KvFormat
   std::memcpy(destination, source, static_cast<size_t>(count) * sizeof(float));
 }
 
-void ReferenceBackend::attend_group(const float* queries, int group, int head_dim, const std::byte* keys, const std::byte* values,
-                                    KvFormat, int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) {
+// The reference keeps its cache in f32 (the engine refuses other KV formats with it).
+void ReferenceBackend::score_keys(const float* queries, int group, int head_dim, const std::byte* keys, KvFormat, int64_t row_stride,
+                                  std::span<const int32_t> slots, float* scores) {
   for (int g = 0; g < group; ++g) {
-    reference::attend(queries + static_cast<int64_t>(g) * head_dim, head_dim, reinterpret_cast<const float*>(keys),
-                      reinterpret_cast<const float*>(values), row_stride, slots, scores, out + static_cast<int64_t>(g) * head_dim);
+    reference::attention_scores(queries + static_cast<int64_t>(g) * head_dim, head_dim, reinterpret_cast<const float*>(keys), row_stride,
+                                slots, scores + static_cast<int64_t>(g) * static_cast<int64_t>(slots.size()));
+  }
+}
+
+void ReferenceBackend::weigh_values(float* scores, int group, int head_dim, const std::byte* values, KvFormat, int64_t row_stride,
+                                    std::span<const int32_t> slots, float* out) {
+  for (int g = 0; g < group; ++g) {
+    reference::weigh_values(scores + static_cast<int64_t>(g) * static_cast<int64_t>(slots.size()), head_dim,
+                            reinterpret_cast<const float*>(values), row_stride, slots, out + static_cast<int64_t>(g) * head_dim);
   }
 }
 

@@ -30,8 +30,10 @@ class ReferenceBackend : public HostBackend {
   void add_span(float* y, const float* x, int64_t count) override;
   void rotate_heads(float* heads, int count, int head_dim, const float* cos, const float* sin) override;
   void store_kv_row(const float* source, int64_t count, KvFormat format, void* destination) override;
-  void attend_group(const float* queries, int group, int head_dim, const std::byte* keys, const std::byte* values, KvFormat format,
-                    int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) override;
+  void score_keys(const float* queries, int group, int head_dim, const std::byte* keys, KvFormat format, int64_t row_stride,
+                  std::span<const int32_t> slots, float* scores) override;
+  void weigh_values(float* scores, int group, int head_dim, const std::byte* values, KvFormat format, int64_t row_stride,
+                    std::span<const int32_t> slots, float* out) override;
   void softcap_span(float* values, int64_t count, float cap) override;
   void router_softmax(float* values, int64_t count) override;
 

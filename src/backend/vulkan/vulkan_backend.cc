@@ -35,7 +35,8 @@ struct ElementwisePush {
   float f0, f1;
 };
 struct AttentionPush {
-  uint32_t query_heads, kv_heads, head_dim, first_query_head, first_kv_head, group_size, capacity, window, max_keys, pair_base;
+  uint32_t query_heads, kv_heads, head_dim, first_query_head, first_kv_head, group_size, capacity, window, max_keys, pair_base, derived_keys,
+      rotated_pairs;
 };
 
 }  // namespace
@@ -52,8 +53,8 @@ VulkanBackend::VulkanBackend(int device_index) : device_(std::make_unique<Device
       {Kernel::kGatheredBF16, "gathered_bf16", 5},   {Kernel::kGatheredQ8, "gathered_q8", 5},
       {Kernel::kRmsNorm, "rms_norm", 3},             {Kernel::kElementwise, "elementwise", 3},
       {Kernel::kRope, "rope", 4},                    {Kernel::kStoreKvF32, "store_kv_f32", 3},
-      {Kernel::kStoreKvBF16, "store_kv_bf16", 3},    {Kernel::kAttentionF32, "attention_f32", 6},
-      {Kernel::kAttentionBF16, "attention_bf16", 6},
+      {Kernel::kStoreKvBF16, "store_kv_bf16", 3},    {Kernel::kAttentionF32, "attention_f32", 8},
+      {Kernel::kAttentionBF16, "attention_bf16", 8},
       {Kernel::kRouteExperts, "route_experts", 4},   {Kernel::kExpertCombine, "expert_combine", 4},
       {Kernel::kArgmax, "argmax", 2},                {Kernel::kReadBandwidth, "read_bandwidth", 2},
   };
@@ -346,12 +347,17 @@ void VulkanBackend::attention(Buffer queries, int rows, Buffer row_table, Buffer
   const int64_t pairs = static_cast<int64_t>(rows) * shape.query_heads;
   const VkBuffer scores = scratch(attention_scores_, static_cast<size_t>(pairs * max_keys) * sizeof(float));
   const Kernel kernel = shape.kv_format == KvFormat::kBF16 ? Kernel::kAttentionBF16 : Kernel::kAttentionF32;
+  const bool derived = shape.keys_derived();
   for (int64_t first = 0; first < pairs; first += kMaxGroups) {
     const AttentionPush push{static_cast<uint32_t>(shape.query_heads), static_cast<uint32_t>(shape.kv_heads), static_cast<uint32_t>(shape.head_dim),
                              static_cast<uint32_t>(shape.first_query_head), static_cast<uint32_t>(shape.first_kv_head),
                              static_cast<uint32_t>(shape.group_size), static_cast<uint32_t>(shape.cache_capacity),
-                             static_cast<uint32_t>(shape.sliding_window), static_cast<uint32_t>(max_keys), static_cast<uint32_t>(first)};
-    dispatch(kernel, {handle(queries), handle(row_table), handle(keys), handle(values), scores, handle(out)}, &push, sizeof(push),
+                             static_cast<uint32_t>(shape.sliding_window), static_cast<uint32_t>(max_keys), static_cast<uint32_t>(first),
+                             derived ? 1u : 0u, static_cast<uint32_t>(shape.derived_keys.rotated_pairs)};
+    dispatch(kernel,
+             {handle(queries), handle(row_table), derived ? handle(values) : handle(keys), handle(values), scores, handle(out),
+              derived ? handle(shape.derived_keys.key_norm) : VK_NULL_HANDLE, derived ? handle(shape.derived_keys.rotations) : VK_NULL_HANDLE},
+             &push, sizeof(push),
              static_cast<uint32_t>(std::min<int64_t>(kMaxGroups, pairs - first)));
   }
 }

@@ -32,17 +32,21 @@ float cached_element(const void* base, KvFormat format, int64_t index) {
   return bf16_to_float(static_cast<const uint16_t*>(base)[index]);
 }
 
-// The reference attention for one head over either cache format: double dot products, the reference
+// The reference attention phases over either cache format: double dot products, the reference
 // softmax, fp32 accumulation in slot order.
-void attend_scalar(const float* query, int64_t head_dim, const void* keys, const void* values, KvFormat format,
-                   int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) {
-  const int64_t count = static_cast<int64_t>(slots.size());
-  for (int64_t k = 0; k < count; ++k) {
+void score_scalar(const float* query, int64_t head_dim, const void* keys, KvFormat format, int64_t row_stride,
+                  std::span<const int32_t> slots, float* scores) {
+  for (size_t k = 0; k < slots.size(); ++k) {
     const int64_t row = static_cast<int64_t>(slots[k]) * row_stride;
     double dot = 0.0;
     for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<double>(query[d]) * cached_element(keys, format, row + d);
     scores[k] = static_cast<float>(dot);
   }
+}
+
+void weigh_values_scalar(float* scores, int64_t head_dim, const void* values, KvFormat format, int64_t row_stride,
+                         std::span<const int32_t> slots, float* out) {
+  const int64_t count = static_cast<int64_t>(slots.size());
   reference::softmax(scores, count);
   std::fill(out, out + head_dim, 0.0f);
   for (int64_t k = 0; k < count; ++k) {
@@ -122,19 +126,35 @@ void attend(const float* query, int64_t head_dim, const void* keys, const void* 
 
 void attend_group(const float* queries, int64_t group, int64_t head_dim, const void* keys, const void* values,
                   KvFormat format, int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out) {
+  attention_scores(queries, group, head_dim, keys, format, row_stride, slots, scores);
+  attention_weigh_values(scores, group, head_dim, values, format, row_stride, slots, out);
+}
+
+void attention_scores(const float* queries, int64_t group, int64_t head_dim, const void* keys, KvFormat format,
+                      int64_t row_stride, std::span<const int32_t> slots, float* scores) {
+  const int64_t count = static_cast<int64_t>(slots.size());
+  if (count == 0) return;
+  const detail::VectorOpsTable* table = simd_table();
+  if (table == nullptr) {
+    for (int64_t h = 0; h < group; ++h) score_scalar(queries + h * head_dim, head_dim, keys, format, row_stride, slots, scores + h * count);
+    return;
+  }
+  table->attention_scores(queries, group, head_dim, keys, format, row_stride, slots.data(), count, scores);
+}
+
+void attention_weigh_values(float* scores, int64_t group, int64_t head_dim, const void* values, KvFormat format,
+                            int64_t row_stride, std::span<const int32_t> slots, float* out) {
   const int64_t count = static_cast<int64_t>(slots.size());
   const detail::VectorOpsTable* table = simd_table();
   if (table == nullptr) {
     for (int64_t h = 0; h < group; ++h) {
-      attend_scalar(queries + h * head_dim, head_dim, keys, values, format, row_stride, slots,
-                    scores + h * count, out + h * head_dim);
+      weigh_values_scalar(scores + h * count, head_dim, values, format, row_stride, slots, out + h * head_dim);
     }
     return;
   }
   std::fill(out, out + group * head_dim, 0.0f);
   if (count == 0) return;
-  // Three passes, each reading its rows once for the whole group: scores, softmax, weighted values.
-  table->attention_scores(queries, group, head_dim, keys, format, row_stride, slots.data(), count, scores);
+  // Each phase reads its rows once for the whole group: softmax per head, then the weighted values.
   for (int64_t h = 0; h < group; ++h) softmax_simd(*table, scores + h * count, count);
   table->attention_accumulate(scores, group, head_dim, values, format, row_stride, slots.data(), count, out);
 }

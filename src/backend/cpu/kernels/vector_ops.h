@@ -59,6 +59,14 @@ void attend(const float* query, int64_t head_dim, const void* keys, const void* 
 void attend_group(const float* queries, int64_t group, int64_t head_dim, const void* keys, const void* values,
                   KvFormat format, int64_t row_stride, std::span<const int32_t> slots, float* scores, float* out);
 
+// attend_group's two phases, for callers that produce the scores another way (keys rebuilt from values):
+// scores[h * slots.size() + j] = queries[h] . key(slots[j]); then softmax of each head's scores (left
+// in `scores`) and out[h] = sum_j p[h][j] * value(slots[j]).
+void attention_scores(const float* queries, int64_t group, int64_t head_dim, const void* keys, KvFormat format,
+                      int64_t row_stride, std::span<const int32_t> slots, float* scores);
+void attention_weigh_values(float* scores, int64_t group, int64_t head_dim, const void* values, KvFormat format,
+                            int64_t row_stride, std::span<const int32_t> slots, float* out);
+
 namespace detail {
 
 // The per-ISA bodies behind the functions above, one table per instruction-set file
