@@ -549,6 +549,7 @@ class Doctor {
     engine.context_tokens = 8;
     engine.threads = options_.threads;
     engine.backend = options_.backend;
+    engine.device = options_.device;
     Transformer transformer(*model_, engine);
     const int32_t token = config_->bos_token_id;
     const std::span<const float> logits = transformer.forward(std::span<const int32_t>(&token, 1), 0);

@@ -39,6 +39,7 @@ struct DoctorOptions {
   bool run_forward = true;  // the one-token forward pass (loads the weights into the fast path)
   int threads = 0;          // for that forward pass; 0 = one per hardware thread
   std::string backend = "cpu";  // where that forward pass runs
+  int device = -1;              // GPU backends: the device index; -1: the backend's own choice
 };
 
 // Runs every check on a Hugging Face checkpoint directory. Never throws for a broken checkpoint.

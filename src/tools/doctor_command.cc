@@ -21,6 +21,7 @@ struct DoctorFlags {
   int threads = 0;
   std::string backend = "cpu";
   bool reference = false;
+  int device = -1;
 };
 
 std::string lower(std::string text) {
@@ -33,6 +34,7 @@ int doctor(const DoctorFlags& flags) {
   options.run_forward = !flags.no_forward;
   options.threads = flags.threads;
   options.backend = flags.reference ? "reference" : flags.backend;
+  options.device = flags.device;
   const DoctorReport report = run_checkpoint_checks(flags.model_dir, options);
 
   if (flags.json) {
@@ -65,6 +67,8 @@ Action add_doctor_command(CLI::App& app) {
       ->check(zero_or_more());
   command->add_option("--backend", flags->backend, "Where the forward check runs (default cpu)")->check(CLI::IsMember(backend::backend_names()));
   command->add_flag("--reference", flags->reference, "The same as --backend reference");
+  command->add_option("--device", flags->device, "GPU backends: the device index for the forward check (gemma4rt devices lists them)")
+      ->check(zero_or_more());
   return [flags] { return doctor(*flags); };
 }
 

@@ -152,6 +152,22 @@ TEST(VulkanBackend, DeviceChoiceAndRefusals) {
   EXPECT_NE(sharded.err.find("does not run tensor parallelism"), std::string::npos) << sharded.err;
 }
 
+// doctor's one-token forward and bench run on the device named with --device; bench's roofline is the
+// device's own bandwidth probe.
+TEST(VulkanBackend, DoctorAndBenchOnTheDevice) {
+  const std::string device = std::to_string(vulkan_test_device());
+  const CommandResult doctor = run_gemma4rt({"doctor", "--model", (kModels / "tiny-12b").string(), "--backend", "vulkan", "--device", device});
+  EXPECT_EQ(doctor.exit_code, 0) << doctor.out << doctor.err;
+  EXPECT_NE(doctor.out.find("PASS  forward: one <bos> on the vulkan backend"), std::string::npos) << doctor.out;
+  const CommandResult bench = run_gemma4rt({"bench", "--model", (kModels / "tiny-12b").string(), "--backend", "vulkan", "--device", device,
+                                            "-p", "16", "-n", "4", "--json"});
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  const nlohmann::json figures = nlohmann::json::parse(bench.out);
+  EXPECT_EQ(figures["backend"], "vulkan");
+  EXPECT_GT(figures["roofline_decode_tokens_per_s"].get<double>(), figures["decode_tokens_per_s"].get<double>()) << figures.dump();
+  EXPECT_GT(figures["read_bandwidth_gb_s"].get<double>(), 0.0) << figures.dump();
+}
+
 // The agent model also answers thinking-off capital questions rendered by the chat format itself.
 TEST(CoherenceAgent, ThinkingPromptRenderedFromChatFlag) {
   const auto model_dir = kModels / "tiny-e2b-agent";
