@@ -113,7 +113,7 @@ TEST_F(VulkanOps, MatmulInEveryWeightFormat) {
   }
 }
 
-// Prefill-sized products (16 tokens and more run the tiled shader; 1 and 7 the GEMV, on the same
+// Prefill-sized products (48 tokens and more run the tiled shader; fewer the GEMV, on the same
 // weights): partial tiles of tokens, rows and k in every direction, several tiles of each.
 TEST_F(VulkanOps, PrefillMatmulOnOddShapes) {
   for (const WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
@@ -121,7 +121,7 @@ TEST_F(VulkanOps, PrefillMatmulOnOddShapes) {
       for (const int cols : {5, 33, 300}) {
         const std::vector<float> weights = random_values(static_cast<size_t>(rows) * cols, 41);
         const std::vector<float> rounded = as_stored(weights, rows, cols, format);
-        for (const int tokens : {1, 7, 16, 33, 100, 257}) {
+        for (const int tokens : {1, 7, 16, 33, 48, 64, 100, 257}) {
           SCOPED_TRACE(fmt::format("{} {}x{} tokens {}", format_name(format), rows, cols, tokens));
           const std::vector<float> x = random_values(static_cast<size_t>(tokens) * cols, 42);
           expect_same(
@@ -142,7 +142,7 @@ TEST_F(VulkanOps, PrefillMatmulOnOddShapes) {
 
 // A prefill product recorded into a step and replayed with new inputs gives the new products.
 TEST_F(VulkanOps, PrefillMatmulReplaysInRecordedSteps) {
-  const int rows = 70, cols = 96, tokens = 40;
+  const int rows = 70, cols = 96, tokens = 80;
   const std::vector<float> weights = random_values(static_cast<size_t>(rows) * cols, 51);
   const std::vector<float> first = random_values(static_cast<size_t>(tokens) * cols, 52), second = random_values(first.size(), 53);
   expect_same(
