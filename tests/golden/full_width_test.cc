@@ -24,7 +24,7 @@ namespace gemma4rt {
 namespace {
 
 constexpr int kVocabulary = 4096;
-constexpr int kPromptTokens = 40;
+constexpr int kPromptTokens = 72;
 constexpr int kSteps = 8;
 
 struct WidthCase {
@@ -86,7 +86,7 @@ EngineOptions engine_options(const std::string& backend, WeightFormat weights, K
   options.backend = backend;
   if (backend == "vulkan") options.device = testing::vulkan_test_device();
   options.context_tokens = 128;
-  options.max_chunk_tokens = 16;  // the prompt runs in three chunks
+  options.max_chunk_tokens = 64;  // the prompt runs in two chunks: 64 rows (tiled products on vulkan), then 8
   options.weight_format = weights;
   options.kv_format = kv;
   return options;

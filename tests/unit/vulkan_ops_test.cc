@@ -72,6 +72,22 @@ class VulkanOps : public ::testing::Test {
   std::unique_ptr<Backend> reference_, vulkan_;
 };
 
+// The weights as a backend stores them in `format`: the reference multiplies these in f32.
+std::vector<float> as_stored(const std::vector<float>& weights, int rows, int cols, WeightFormat format) {
+  std::vector<float> rounded = weights;
+  if (format == WeightFormat::kBF16) {
+    for (float& value : rounded) value = bf16_to_float(float_to_bf16(value));
+  } else if (format == WeightFormat::kQ8) {
+    std::vector<int8_t> values(rounded.size());
+    std::vector<float> scales(static_cast<size_t>(rows) * q8_blocks_per_row(cols));
+    kernels::quantize_q8(weights.data(), rows, cols, values.data(), scales.data());
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols; ++c) rounded[r * cols + c] = values[r * cols + c] * scales[r * q8_blocks_per_row(cols) + c / 32];
+    }
+  }
+  return rounded;
+}
+
 // f32 products agree to fp32 rounding of the sums; bf16 and q8 weights are compared with the
 // reference multiplying the same rounded weights in f32.
 TEST_F(VulkanOps, MatmulInEveryWeightFormat) {
@@ -81,17 +97,7 @@ TEST_F(VulkanOps, MatmulInEveryWeightFormat) {
         SCOPED_TRACE(std::string(format_name(format)) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " tokens " +
                      std::to_string(tokens));
         const std::vector<float> weights = random_values(static_cast<size_t>(rows) * cols, 11);
-        std::vector<float> rounded = weights;
-        if (format == WeightFormat::kBF16) {
-          for (float& value : rounded) value = bf16_to_float(float_to_bf16(value));
-        } else if (format == WeightFormat::kQ8) {
-          std::vector<int8_t> values(rounded.size());
-          std::vector<float> scales(static_cast<size_t>(rows) * q8_blocks_per_row(cols));
-          kernels::quantize_q8(weights.data(), rows, cols, values.data(), scales.data());
-          for (int r = 0; r < rows; ++r) {
-            for (int c = 0; c < cols; ++c) rounded[r * cols + c] = values[r * cols + c] * scales[r * q8_blocks_per_row(cols) + c / 32];
-          }
-        }
+        const std::vector<float> rounded = as_stored(weights, rows, cols, format);
         const std::vector<float> x = random_values(static_cast<size_t>(tokens) * cols, 12);
         expect_same(
             [&](Backend& device) {
@@ -106,6 +112,57 @@ TEST_F(VulkanOps, MatmulInEveryWeightFormat) {
       }
     }
   }
+}
+
+// Prefill-sized products (48 tokens and more run the tiled shader; fewer the GEMV, on the same
+// weights): partial tiles of tokens, rows and k in every direction, several tiles of each.
+TEST_F(VulkanOps, PrefillMatmulOnOddShapes) {
+  for (const WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
+    for (const int rows : {1, 37, 130}) {
+      for (const int cols : {5, 33, 300}) {
+        const std::vector<float> weights = random_values(static_cast<size_t>(rows) * cols, 41);
+        const std::vector<float> rounded = as_stored(weights, rows, cols, format);
+        for (const int tokens : {1, 7, 16, 33, 48, 64, 100, 257}) {
+          SCOPED_TRACE(fmt::format("{} {}x{} tokens {}", format_name(format), rows, cols, tokens));
+          const std::vector<float> x = random_values(static_cast<size_t>(tokens) * cols, 42);
+          expect_same(
+              [&](Backend& device) {
+                const bool is_reference = device.name() == "reference";
+                const backend::Weight weight = device.prepare_weight(f32_view(is_reference ? rounded : weights, rows, cols), format);
+                const Buffer input = device.upload_constant(x);
+                const Buffer output = device.allocate(static_cast<size_t>(tokens) * rows * sizeof(float));
+                device.matmul(input, tokens, weight, output);
+                return read(device, output, static_cast<size_t>(tokens) * rows);
+              },
+              2e-5f * std::sqrt(static_cast<float>(cols)), 1e-5f);
+        }
+      }
+    }
+  }
+}
+
+// A prefill product recorded into a step and replayed with new inputs gives the new products.
+TEST_F(VulkanOps, PrefillMatmulReplaysInRecordedSteps) {
+  const int rows = 70, cols = 96, tokens = 80;
+  const std::vector<float> weights = random_values(static_cast<size_t>(rows) * cols, 51);
+  const std::vector<float> first = random_values(static_cast<size_t>(tokens) * cols, 52), second = random_values(first.size(), 53);
+  expect_same(
+      [&](Backend& device) {
+        const backend::Weight weight = device.prepare_weight(f32_view(weights, rows, cols), WeightFormat::kF32);
+        const Buffer input = device.allocate(first.size() * sizeof(float));
+        const Buffer output = device.allocate(static_cast<size_t>(tokens) * rows * sizeof(float));
+        std::vector<float> results;
+        for (const std::vector<float>* x : {&first, &second}) {
+          device.upload(input, 0, x->data(), x->size() * sizeof(float));
+          const backend::StepShape shape{tokens, 0, false};
+          if (device.begin_step(shape)) device.matmul(input, tokens, weight, output);
+          device.end_step();
+          const std::vector<float> values = read(device, output, static_cast<size_t>(tokens) * rows);
+          results.insert(results.end(), values.begin(), values.end());
+        }
+        return results;
+      },
+      2e-5f * std::sqrt(static_cast<float>(cols)), 1e-5f);
 }
 
 TEST_F(VulkanOps, RmsNormWithAndWithoutWeight) {

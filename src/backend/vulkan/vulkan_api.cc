@@ -27,6 +27,8 @@ void VulkanApi::load_instance(VkInstance instance) {
   if (name == nullptr) fail("Vulkan: the instance has no {}", #name);
   GEMMA4RT_VULKAN_INSTANCE_FUNCTIONS(GEMMA4RT_LOAD)
 #undef GEMMA4RT_LOAD
+  vkGetPhysicalDeviceCooperativeMatrixPropertiesNV = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+      vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
 }
 
 void VulkanApi::load_device(VkDevice device) {

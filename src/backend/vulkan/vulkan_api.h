@@ -66,6 +66,8 @@ struct VulkanApi {
   GEMMA4RT_VULKAN_INSTANCE_FUNCTIONS(GEMMA4RT_DECLARE)
   GEMMA4RT_VULKAN_DEVICE_FUNCTIONS(GEMMA4RT_DECLARE)
   PFN_vkCmdPushDescriptorSetKHR vkCmdPushDescriptorSetKHR = nullptr;
+  // Optional (VK_NV_cooperative_matrix): null where the loader or no driver offers it.
+  PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV vkGetPhysicalDeviceCooperativeMatrixPropertiesNV = nullptr;
 #undef GEMMA4RT_DECLARE
 
   // Opens the system loader and its global entry points; throws Error naming the library when absent.

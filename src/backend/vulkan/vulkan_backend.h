@@ -74,8 +74,10 @@ class VulkanBackend : public Backend {
     int64_t rows = 0, cols = 0;
     std::vector<WeightChunk> chunks;
   };
+  // Each product family lists its f32, bf16, q8 variants in that order (weight_product relies on it).
   enum class Kernel {
-    kMatmulF32, kMatmulBF16, kMatmulQ8, kGatheredF32, kGatheredBF16, kGatheredQ8,
+    kMatmulF32, kMatmulBF16, kMatmulQ8, kGatheredF32, kGatheredBF16, kGatheredQ8, kTiledF32, kTiledBF16, kTiledQ8,
+    kCoopmatF32, kCoopmatBF16, kCoopmatQ8,
     kRmsNorm, kElementwise, kRope, kStoreKvF32, kStoreKvBF16, kAttentionF32, kAttentionBF16,
     kRouteExperts, kExpertCombine, kArgmax, kReadBandwidth, kCount
   };
@@ -86,6 +88,10 @@ class VulkanBackend : public Backend {
                    float f0, float f1);
   void weight_product(Kernel plain, const PreparedWeight& weight, VkBuffer x, int tokens, VkBuffer y, int64_t y_stride,
                       const int32_t* expert, VkBuffer ids, int top_k);
+  // The prefill product: 64 x 64 tiles of tokens x rows, `family` kTiledF32 or kCoopmatF32.
+  void tiled_product(Kernel family, const PreparedWeight& weight, VkBuffer x, int tokens, VkBuffer y, int64_t y_stride);
+  // Runs a small bf16 product through both tiled shaders; true when the cooperative one agrees.
+  bool cooperative_matrix_agrees();
   VkBuffer handle(Buffer buffer) const { return buffers_.at(static_cast<size_t>(buffer.id)).buffer; }
   // A scratch buffer of at least `bytes`; a grown one replaces it, the old one kept alive for the
   // recordings that still use it.
@@ -93,6 +99,7 @@ class VulkanBackend : public Backend {
 
   std::unique_ptr<Device> device_;
   Pipeline pipelines_[static_cast<int>(Kernel::kCount)];
+  bool cooperative_matrix_ = false;  // prefill products run matmul_coopmat.comp
   std::vector<DeviceBuffer> buffers_;
   std::vector<PreparedWeight> weights_;
   std::vector<DeviceBuffer> retired_;

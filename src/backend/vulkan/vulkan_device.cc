@@ -53,6 +53,20 @@ const char* type_name(VkPhysicalDeviceType type) {
   }
 }
 
+// Whether the device lists the one cooperative-matrix shape matmul_coopmat.comp uses.
+bool has_f16_coopmat_shape(const VulkanApi& api, VkPhysicalDevice physical) {
+  if (api.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV == nullptr) return false;
+  uint32_t count = 0;
+  if (api.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(physical, &count, nullptr) != VK_SUCCESS) return false;
+  std::vector<VkCooperativeMatrixPropertiesNV> shapes(count, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+  if (api.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(physical, &count, shapes.data()) != VK_SUCCESS) return false;
+  return std::any_of(shapes.begin(), shapes.begin() + count, [](const VkCooperativeMatrixPropertiesNV& shape) {
+    return shape.MSize == 16 && shape.NSize == 16 && shape.KSize == 16 && shape.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+           shape.BType == VK_COMPONENT_TYPE_FLOAT16_NV && shape.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+           shape.DType == VK_COMPONENT_TYPE_FLOAT32_NV && shape.scope == VK_SCOPE_SUBGROUP_NV;
+  });
+}
+
 DeviceInfo describe(const VulkanApi& api, VkPhysicalDevice physical, int index) {
   DeviceInfo info;
   info.index = index;
@@ -68,17 +82,6 @@ DeviceInfo describe(const VulkanApi& api, VkPhysicalDevice physical, int index) 
   info.subgroup_arithmetic = (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0 &&
                              (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0;
 
-  VkPhysicalDeviceVulkan12Features features12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-  VkPhysicalDeviceVulkan11Features features11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
-  features11.pNext = &features12;
-  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-  features.pNext = &features11;
-  if (info.api_version >= VK_API_VERSION_1_2) {
-    api.vkGetPhysicalDeviceFeatures2(physical, &features);
-    info.storage_16bit = features11.storageBuffer16BitAccess;
-    info.storage_8bit = features12.storageBuffer8BitAccess;
-  }
-
   uint32_t extension_count = 0;
   api.vkEnumerateDeviceExtensionProperties(physical, nullptr, &extension_count, nullptr);
   std::vector<VkExtensionProperties> extensions(extension_count);
@@ -88,6 +91,25 @@ DeviceInfo describe(const VulkanApi& api, VkPhysicalDevice physical, int index) 
     if (name == "VK_KHR_push_descriptor") info.push_descriptor = true;
     if (name == "VK_KHR_shader_integer_dot_product") info.integer_dot_product = true;
     if (name == "VK_KHR_cooperative_matrix") info.cooperative_matrix = true;
+    if (name == "VK_NV_cooperative_matrix") info.cooperative_matrix_nv = true;
+  }
+
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV cooperative{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceVulkan12Features features12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceVulkan11Features features11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  features11.pNext = &features12;
+  // Chained only where the extension exists: an unknown structure in the chain is invalid usage.
+  if (info.cooperative_matrix_nv) features12.pNext = &cooperative;
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.pNext = &features11;
+  if (info.api_version >= VK_API_VERSION_1_2) {
+    api.vkGetPhysicalDeviceFeatures2(physical, &features);
+    info.storage_16bit = features11.storageBuffer16BitAccess;
+    info.storage_8bit = features12.storageBuffer8BitAccess;
+    if (info.cooperative_matrix_nv && cooperative.cooperativeMatrix && features12.shaderFloat16 && features12.vulkanMemoryModel &&
+        info.subgroup_size == 32) {
+      info.cooperative_matrix_nv_f16 = has_f16_coopmat_shape(api, physical);
+    }
   }
 
   VkPhysicalDeviceMemoryProperties memory{};
@@ -181,12 +203,23 @@ Device::Device(int requested_device) {
   queue.queueFamilyIndex = queue_family_;
   queue.queueCount = 1;
   queue.pQueuePriorities = &priority;
-  const char* extensions[] = {"VK_KHR_push_descriptor"};
+  std::vector<const char*> extensions = {"VK_KHR_push_descriptor"};
   VkDeviceCreateInfo create{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   create.queueCreateInfoCount = 1;
   create.pQueueCreateInfos = &queue;
-  create.enabledExtensionCount = 1;
-  create.ppEnabledExtensionNames = extensions;
+  // The cooperative-matrix product's features, only where describe() found all of them.
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV cooperative{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceVulkan12Features features12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  if (info_.cooperative_matrix_nv_f16) {
+    extensions.push_back("VK_NV_cooperative_matrix");
+    cooperative.cooperativeMatrix = VK_TRUE;
+    features12.shaderFloat16 = VK_TRUE;
+    features12.vulkanMemoryModel = VK_TRUE;
+    features12.pNext = &cooperative;
+    create.pNext = &features12;
+  }
+  create.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+  create.ppEnabledExtensionNames = extensions.data();
   check(api_.vkCreateDevice(physical_, &create, nullptr, &device_), "vkCreateDevice");
   api_.load_device(device_);
   api_.vkGetDeviceQueue(device_, queue_family_, 0, &queue_);

@@ -26,6 +26,11 @@ struct DeviceInfo {
   bool subgroup_arithmetic = false;  // subgroup add/max in compute shaders
   bool integer_dot_product = false;  // VK_KHR_shader_integer_dot_product
   bool cooperative_matrix = false;   // VK_KHR_cooperative_matrix
+  bool cooperative_matrix_nv = false;  // VK_NV_cooperative_matrix
+  // VK_NV_cooperative_matrix with what matmul_coopmat.comp needs: the cooperativeMatrix feature, a
+  // 16x16x16 f16 x f16 -> f32 subgroup shape, shaderFloat16, vulkanMemoryModel and subgroups of 32.
+  // Enabled at device creation when true.
+  bool cooperative_matrix_nv_f16 = false;
   bool push_descriptor = false;      // VK_KHR_push_descriptor (required)
 };
 
