@@ -139,8 +139,7 @@ void HostBackend::attention(Buffer queries, int rows, Buffer row_table, Buffer k
   reserve(attention_scores_, scores_per_thread * threads);
   reserve(attention_slots_, static_cast<size_t>(shape.cache_capacity) * threads);
   if (shape.keys_derived()) {
-    reserve(rebuilt_keys_, static_cast<size_t>(kDerivedKeyBlock) * head_dim * threads);
-    reserve(block_scores_, static_cast<size_t>(kDerivedKeyBlock) * shape.group_size * threads);
+    if (derived_scratch_.size() < static_cast<size_t>(threads)) derived_scratch_.resize(static_cast<size_t>(threads));
     reserve(block_slots_, static_cast<size_t>(kDerivedKeyBlock));
     for (int j = 0; j < kDerivedKeyBlock; ++j) block_slots_[static_cast<size_t>(j)] = j;
   }
@@ -169,9 +168,7 @@ void HostBackend::attention(Buffer queries, int rows, Buffer row_table, Buffer k
       const std::span<const int32_t> visible(slots, key_count);
       const std::byte* value_rows = data<const std::byte>(values) + head_offset;
       if (shape.keys_derived()) {
-        derived_scores(shape, group_queries, group, value_rows, kv_row, first_key, visible,
-                       rebuilt_keys_.data() + static_cast<size_t>(thread) * kDerivedKeyBlock * head_dim,
-                       block_scores_.data() + static_cast<size_t>(thread) * kDerivedKeyBlock * shape.group_size, scores);
+        derived_scores(shape, group_queries, group, value_rows, kv_row, first_key, visible, derived_scratch_[static_cast<size_t>(thread)], scores);
       } else {
         score_keys(group_queries, group, head_dim, data<const std::byte>(keys) + head_offset, shape.kv_format, kv_row, visible, scores);
       }
@@ -188,11 +185,12 @@ void HostBackend::attention(Buffer queries, int rows, Buffer row_table, Buffer k
   }
 }
 
-// K=V layers: the visible keys are rebuilt from the cached values a block at a time (key = RoPE(value *
-// key_norm) at the key's position), scored in fp32 against the group's queries, and the block's scores
-// placed in the row of all visible keys that the softmax then reads.
+// K=V layers: key = RoPE(value * key_norm), a block of keys at a time. Dims that do not rotate score as
+// (q * key_norm) . value, straight from the cached values with the rotated dims' query entries zeroed;
+// the rotated pairs (a quarter of the dims under proportional RoPE) are rebuilt, packed as [first
+// halves, second halves], and scored against the queries' packed pairs; the two parts add.
 void HostBackend::derived_scores(const AttentionShape& shape, const float* queries, int group, const std::byte* value_rows,
-                                 int64_t row_stride, int first_key, std::span<const int32_t> visible, float* keys, float* block_scores,
+                                 int64_t row_stride, int first_key, std::span<const int32_t> visible, DerivedScratch& scratch,
                                  float* scores) {
   const int head_dim = shape.head_dim;
   const int half = head_dim / 2;
@@ -200,30 +198,54 @@ void HostBackend::derived_scores(const AttentionShape& shape, const float* queri
   const float* key_norm = data(shape.derived_keys.key_norm);
   const float* rotations = data(shape.derived_keys.rotations);
   const int64_t count = static_cast<int64_t>(visible.size());
+    reserve(scratch.queries, static_cast<size_t>(group) * head_dim);
+  reserve(scratch.pair_queries, static_cast<size_t>(group) * 2 * pairs);
+  reserve(scratch.pair_keys, static_cast<size_t>(kDerivedKeyBlock) * 2 * pairs);
+  reserve(scratch.block_scores, static_cast<size_t>(kDerivedKeyBlock) * group * 2);
+  for (int h = 0; h < group; ++h) {
+    const float* query = queries + static_cast<int64_t>(h) * head_dim;
+    float* scaled = scratch.queries.data() + static_cast<int64_t>(h) * head_dim;
+    float* packed = scratch.pair_queries.data() + static_cast<int64_t>(h) * 2 * pairs;
+    for (int d = 0; d < head_dim; ++d) scaled[d] = query[d] * key_norm[d];
+    for (int i = 0; i < pairs; ++i) {
+      packed[i] = query[i];
+      packed[pairs + i] = query[i + half];
+      scaled[i] = scaled[i + half] = 0.0f;
+    }
+  }
   for (int64_t first = 0; first < count; first += kDerivedKeyBlock) {
     const int block = static_cast<int>(std::min<int64_t>(kDerivedKeyBlock, count - first));
+    // The unrotated dims first: the block's value rows are then in cache for the rotated pairs.
+    float* unrotated = scratch.block_scores.data();
+    float* rotated = unrotated + static_cast<int64_t>(block) * group;
+    score_keys(scratch.queries.data(), group, head_dim, value_rows, shape.kv_format, row_stride, visible.subspan(static_cast<size_t>(first), static_cast<size_t>(block)),
+               unrotated);
     for (int j = 0; j < block; ++j) {
-      float* key = keys + static_cast<int64_t>(j) * head_dim;
       const int64_t row = static_cast<int64_t>(visible[static_cast<size_t>(first + j)]) * row_stride;
-      if (shape.kv_format == KvFormat::kF32) {
-        const float* value = reinterpret_cast<const float*>(value_rows) + row;
-        for (int d = 0; d < head_dim; ++d) key[d] = value[d] * key_norm[d];
-      } else {
-        const uint16_t* value = reinterpret_cast<const uint16_t*>(value_rows) + row;
-        for (int d = 0; d < head_dim; ++d) key[d] = bf16_to_float(value[d]) * key_norm[d];
-      }
       const float* cos = rotations + (static_cast<int64_t>(first_key) + first + j) * 2 * pairs;
       const float* sin = cos + pairs;
+      float* key = scratch.pair_keys.data() + static_cast<int64_t>(j) * 2 * pairs;
       for (int i = 0; i < pairs; ++i) {
-        const float a = key[i], b = key[i + half];
+        float a, b;
+        if (shape.kv_format == KvFormat::kF32) {
+          const float* value = reinterpret_cast<const float*>(value_rows) + row;
+          a = value[i], b = value[i + half];
+        } else {
+          const uint16_t* value = reinterpret_cast<const uint16_t*>(value_rows) + row;
+          a = bf16_to_float(value[i]), b = bf16_to_float(value[i + half]);
+        }
+        a *= key_norm[i];
+        b *= key_norm[i + half];
         key[i] = a * cos[i] - b * sin[i];
-        key[i + half] = b * cos[i] + a * sin[i];
+        key[pairs + i] = b * cos[i] + a * sin[i];
       }
     }
-    score_keys(queries, group, head_dim, reinterpret_cast<const std::byte*>(keys), KvFormat::kF32, head_dim,
-               std::span<const int32_t>(block_slots_.data(), static_cast<size_t>(block)), block_scores);
+    score_keys(scratch.pair_queries.data(), group, 2 * pairs, reinterpret_cast<const std::byte*>(scratch.pair_keys.data()), KvFormat::kF32,
+               2 * pairs, std::span<const int32_t>(block_slots_.data(), static_cast<size_t>(block)), rotated);
     for (int h = 0; h < group; ++h) {
-      std::copy_n(block_scores + static_cast<int64_t>(h) * block, block, scores + h * count + first);
+      const int64_t offset = static_cast<int64_t>(h) * block;
+      float* total = scores + h * count + first;
+      for (int j = 0; j < block; ++j) total[j] = unrotated[offset + j] + rotated[offset + j];
     }
   }
 }

@@ -85,8 +85,9 @@ class HostBackend : public Backend {
     if (scratch.size() < size) scratch.resize(size);
   }
 
+  struct DerivedScratch;
   void derived_scores(const AttentionShape& shape, const float* queries, int group, const std::byte* value_rows, int64_t row_stride,
-                      int first_key, std::span<const int32_t> visible, float* keys, float* block_scores, float* scores);
+                      int first_key, std::span<const int32_t> visible, DerivedScratch& scratch, float* scores);
 
   ThreadPool pool_;
   std::vector<std::unique_ptr<std::byte, FreeDeleter>> buffers_;
@@ -95,9 +96,13 @@ class HostBackend : public Backend {
   // Attention: scores and slot lists, one block per thread.
   std::vector<float> attention_scores_;
   std::vector<int32_t> attention_slots_;
-  // K=V attention: keys rebuilt from values a block at a time, per thread; the block's scores; slots 0..block-1.
+  // K=V attention, per thread: the group's queries scaled by k_norm, their rotated pairs, a block of
+  // keys' rotated pairs and its scores (see derived_scores); block_slots_ = 0..block-1.
   static constexpr int kDerivedKeyBlock = 64;
-  std::vector<float> rebuilt_keys_, block_scores_;
+  struct DerivedScratch {
+    std::vector<float> queries, pair_queries, pair_keys, block_scores;
+  };
+  std::vector<DerivedScratch> derived_scratch_;
   std::vector<int32_t> block_slots_;
   std::vector<float> rope_cos_, rope_sin_;
   // Mixture of experts: per expert the rows that chose it, their inputs and intermediate products.
