@@ -33,8 +33,9 @@ struct WidthCase {
   int experts;  // 0: the variant's own; MoE widths are real, the expert count cut to fit the machine
 };
 
-// One checkpoint per shape for the whole run (they take seconds to write).
-const Model& full_width_model(const WidthCase& shape) {
+// One checkpoint per shape and process (they take seconds to write); `owner` keeps the folders of
+// tests that ctest runs in parallel processes apart.
+const Model& full_width_model(const WidthCase& shape, const std::string& owner) {
   static std::map<std::string, std::unique_ptr<Model>> models;
   auto& model = models[shape.shape];
   if (!model) {
@@ -43,7 +44,7 @@ const Model& full_width_model(const WidthCase& shape) {
     text["vocab_size"] = kVocabulary;
     text["vocab_size_per_layer_input"] = kVocabulary;
     if (shape.experts > 0) text["num_experts"] = shape.experts;
-    const auto directory = testing::fresh_work_dir("full-width-" + shape.shape);
+    const auto directory = testing::fresh_work_dir("full-width-" + shape.shape + "-" + owner);
     CheckpointWriterOptions options;
     options.dtype = DType::kF32;
     options.seed = 11;
@@ -104,7 +105,7 @@ class FullWidth : public ::testing::TestWithParam<std::tuple<WidthCase, std::str
 
 TEST_P(FullWidth, BackendAgreesWithTheReference) {
   const auto& [shape, backend] = GetParam();
-  const Model& model = full_width_model(shape);
+  const Model& model = full_width_model(shape, backend);
   const Decoded reference = decode(model, engine_options("reference", WeightFormat::kF32, KvFormat::kF32), nullptr);
   // The reference must not be degenerate (agreeing on flat logits would mean nothing).
   const auto [low, high] = std::minmax_element(reference.logits[0].begin(), reference.logits[0].end());

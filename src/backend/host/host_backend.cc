@@ -198,7 +198,7 @@ void HostBackend::derived_scores(const AttentionShape& shape, const float* queri
   const float* key_norm = data(shape.derived_keys.key_norm);
   const float* rotations = data(shape.derived_keys.rotations);
   const int64_t count = static_cast<int64_t>(visible.size());
-    reserve(scratch.queries, static_cast<size_t>(group) * head_dim);
+  reserve(scratch.queries, static_cast<size_t>(group) * head_dim);
   reserve(scratch.pair_queries, static_cast<size_t>(group) * 2 * pairs);
   reserve(scratch.pair_keys, static_cast<size_t>(kDerivedKeyBlock) * 2 * pairs);
   reserve(scratch.block_scores, static_cast<size_t>(kDerivedKeyBlock) * group * 2);
@@ -218,8 +218,9 @@ void HostBackend::derived_scores(const AttentionShape& shape, const float* queri
     // The unrotated dims first: the block's value rows are then in cache for the rotated pairs.
     float* unrotated = scratch.block_scores.data();
     float* rotated = unrotated + static_cast<int64_t>(block) * group;
-    score_keys(scratch.queries.data(), group, head_dim, value_rows, shape.kv_format, row_stride, visible.subspan(static_cast<size_t>(first), static_cast<size_t>(block)),
-               unrotated);
+    score_keys(scratch.queries.data(), group, head_dim, value_rows, shape.kv_format, row_stride,
+               visible.subspan(static_cast<size_t>(first), static_cast<size_t>(block)), unrotated);
+    if (pairs == 0) std::fill(rotated, rotated + static_cast<int64_t>(block) * group, 0.0f);  // nothing rotates
     for (int j = 0; j < block; ++j) {
       const int64_t row = static_cast<int64_t>(visible[static_cast<size_t>(first + j)]) * row_stride;
       const float* cos = rotations + (static_cast<int64_t>(first_key) + first + j) * 2 * pairs;
@@ -240,8 +241,10 @@ void HostBackend::derived_scores(const AttentionShape& shape, const float* queri
         key[pairs + i] = b * cos[i] + a * sin[i];
       }
     }
-    score_keys(scratch.pair_queries.data(), group, 2 * pairs, reinterpret_cast<const std::byte*>(scratch.pair_keys.data()), KvFormat::kF32,
-               2 * pairs, std::span<const int32_t>(block_slots_.data(), static_cast<size_t>(block)), rotated);
+    if (pairs > 0) {
+      score_keys(scratch.pair_queries.data(), group, 2 * pairs, reinterpret_cast<const std::byte*>(scratch.pair_keys.data()), KvFormat::kF32,
+                 2 * pairs, std::span<const int32_t>(block_slots_.data(), static_cast<size_t>(block)), rotated);
+    }
     for (int h = 0; h < group; ++h) {
       const int64_t offset = static_cast<int64_t>(h) * block;
       float* total = scores + h * count + first;
