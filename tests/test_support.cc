@@ -121,7 +121,9 @@ SafetensorsImage SafetensorsImage::load(const std::filesystem::path& path) {
 }
 
 void SafetensorsImage::save(const std::filesystem::path& path) const {
-  const std::string text = header.dump();
+  // Padded with spaces to 8 bytes, as safetensors writers do, so the data stays aligned.
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t header_size = text.size();
   std::string bytes(8, '\0');
   std::memcpy(bytes.data(), &header_size, 8);

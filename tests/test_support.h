@@ -49,7 +49,7 @@ struct SafetensorsImage {
   std::string data;   // everything after the header
 
   static SafetensorsImage load(const std::filesystem::path& path);
-  void save(const std::filesystem::path& path) const;
+  void save(const std::filesystem::path& path) const;  // header padded to 8 bytes
   // Loads the file, lets `change` alter header or bytes, writes it back.
   static void edit(const std::filesystem::path& path, const std::function<void(SafetensorsImage&)>& change);
 };

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_input.h"
 #include "engine/transformer.h"
 #include "model/model_shapes.h"
 #include "model/safetensors.h"
@@ -88,14 +89,7 @@ TensorView readable_view(const Checkpoint& checkpoint, const StoredTensor& store
 }
 
 json read_json_object(const std::filesystem::path& path) {
-  std::ifstream input(path);
-  if (!input) fail("{}: cannot be read", path.string());
-  json value;
-  try {
-    value = json::parse(input);
-  } catch (const json::parse_error& error) {
-    fail("{}: invalid JSON: {}", path.string(), error.what());
-  }
+  const json value = parse_json_file(path);
   if (!value.is_object()) fail("{}: expected a JSON object", path.string());
   return value;
 }

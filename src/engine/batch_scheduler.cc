@@ -135,8 +135,24 @@ void BatchScheduler::engine_loop() {
       try {
         step(running);
       } catch (const std::exception& error) {
-        // A failed step ends every sequence in it; the engine keeps serving.
-        for (auto& sequence : running) finish(*sequence, "error", error.what());
+        // The forward pass failed before any sequence advanced (positions move only after it returns,
+        // and rewriting the same KV slots is harmless): retry each sequence alone, so only those that
+        // fail by themselves end with the error and the engine keeps serving the rest.
+        if (running.size() == 1) {
+          finish(*running.front(), "error", error.what());
+        } else {
+          for (auto& sequence : running) {
+            if (sequence->finished) continue;
+            std::vector<std::unique_ptr<Sequence>> alone;
+            alone.push_back(std::move(sequence));
+            try {
+              step(alone);
+            } catch (const std::exception& solo) {
+              finish(*alone.front(), "error", solo.what());
+            }
+            sequence = std::move(alone.front());
+          }
+        }
       }
     }
     // Hand finished sequences' slots back.
@@ -214,62 +230,71 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
   const int vocab = transformer_.config().vocab_size;
   for (size_t index = 0; index < sampled.size(); ++index) {
     Sequence& sequence = *sampled[index];
-    float* logits = logits_.data() + index * vocab;
-    const SequenceRequest& request = sequence.request;
-    TokenEvent event;
-    if (request.top_logprobs >= 0) {
-      // Log-probabilities of the model itself: the softcapped logits, before penalties and temperature.
-      float maximum = *std::max_element(logits, logits + vocab);
-      double total = 0.0;
-      for (int i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i] - maximum));
-      const float log_total = maximum + static_cast<float>(std::log(total));
-      std::vector<TokenLogprob> best;
-      for (int i = 0; i < vocab; ++i) {
-        const TokenLogprob candidate{i, logits[i] - log_total};
-        if (static_cast<int>(best.size()) < request.top_logprobs) {
-          best.push_back(candidate);
-          std::push_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
-        } else if (request.top_logprobs > 0 && candidate.logprob > best.front().logprob) {
-          std::pop_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
-          best.back() = candidate;
-          std::push_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
-        }
-      }
-      std::sort(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob != b.logprob ? a.logprob > b.logprob : a.token < b.token; });
-      event.top_logprobs = std::move(best);
-      event.logprob = log_total;  // replaced by the chosen token's value below
-    }
-    if (request.presence_penalty != 0.0f || request.frequency_penalty != 0.0f) {
-      for (const auto& [token, count] : sequence.counts) {
-        logits[token] -= request.presence_penalty + request.frequency_penalty * static_cast<float>(count);
-      }
-    }
-    const int32_t token = argmax_only ? greedy_ids_[index] : sequence.sampler->sample(std::span<const float>(logits, vocab));
-    if (event.logprob) {
-      // Recover log p(token) from the unpenalised value: penalties only touched generated tokens.
-      float raw = logits[token];
-      if (auto found = sequence.counts.find(token); found != sequence.counts.end()) {
-        raw += request.presence_penalty + request.frequency_penalty * static_cast<float>(found->second);
-      }
-      event.logprob = raw - *event.logprob;
-    }
-    event.token = token;
-    event.is_stop_token = !request.ignore_eos &&
-                          std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) != request.stop_token_ids.end();
-    ++sequence.generated;
-    ++sequence.counts[token];
-    generated_tokens_++;
-    const bool keep_going = request.on_token ? request.on_token(event) : true;
-    if (event.is_stop_token || !keep_going) {
-      finish(sequence, "stop");
-    } else if (sequence.generated >= request.max_tokens || sequence.position >= transformer_.context_tokens()) {
-      finish(sequence, "length");
-    } else {
-      sequence.last_token = token;  // fed at sequence.position by the next step's decode row
+    // From here on a failure belongs to this sequence alone (its sampler, its callbacks).
+    try {
+      emit(sequence, argmax_only ? nullptr : logits_.data() + index * vocab, argmax_only ? &greedy_ids_[index] : nullptr);
+    } catch (const std::exception& error) {
+      if (!sequence.finished) finish(sequence, "error", error.what());
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (seconds > 0) recent_tokens_per_second_.store(static_cast<double>(sampled.size()) / seconds);
+}
+
+void BatchScheduler::emit(Sequence& sequence, float* logits, const int32_t* greedy_id) {
+  const int vocab = transformer_.config().vocab_size;
+  const SequenceRequest& request = sequence.request;
+  TokenEvent event;
+  if (request.top_logprobs >= 0) {
+    // Log-probabilities of the model itself: the softcapped logits, before penalties and temperature.
+    float maximum = *std::max_element(logits, logits + vocab);
+    double total = 0.0;
+    for (int i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i] - maximum));
+    const float log_total = maximum + static_cast<float>(std::log(total));
+    std::vector<TokenLogprob> best;
+    for (int i = 0; i < vocab; ++i) {
+      const TokenLogprob candidate{i, logits[i] - log_total};
+      if (static_cast<int>(best.size()) < request.top_logprobs) {
+        best.push_back(candidate);
+        std::push_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
+      } else if (request.top_logprobs > 0 && candidate.logprob > best.front().logprob) {
+        std::pop_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
+        best.back() = candidate;
+        std::push_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
+      }
+    }
+    std::sort(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob != b.logprob ? a.logprob > b.logprob : a.token < b.token; });
+    event.top_logprobs = std::move(best);
+    event.logprob = log_total;  // replaced by the chosen token's value below
+  }
+  if (request.presence_penalty != 0.0f || request.frequency_penalty != 0.0f) {
+    for (const auto& [token, count] : sequence.counts) {
+      logits[token] -= request.presence_penalty + request.frequency_penalty * static_cast<float>(count);
+    }
+  }
+  const int32_t token = greedy_id ? *greedy_id : sequence.sampler->sample(std::span<const float>(logits, vocab));
+  if (event.logprob) {
+    // Recover log p(token) from the unpenalised value: penalties only touched generated tokens.
+    float raw = logits[token];
+    if (auto found = sequence.counts.find(token); found != sequence.counts.end()) {
+      raw += request.presence_penalty + request.frequency_penalty * static_cast<float>(found->second);
+    }
+    event.logprob = raw - *event.logprob;
+  }
+  event.token = token;
+  event.is_stop_token = !request.ignore_eos &&
+                        std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) != request.stop_token_ids.end();
+  ++sequence.generated;
+  ++sequence.counts[token];
+  generated_tokens_++;
+  const bool keep_going = request.on_token ? request.on_token(event) : true;
+  if (event.is_stop_token || !keep_going) {
+    finish(sequence, "stop");
+  } else if (sequence.generated >= request.max_tokens || sequence.position >= transformer_.context_tokens()) {
+    finish(sequence, "length");
+  } else {
+    sequence.last_token = token;  // fed at sequence.position by the next step's decode row
+  }
 }
 
 }  // namespace gemma4rt

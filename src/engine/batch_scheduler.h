@@ -94,6 +94,8 @@ class BatchScheduler {
   struct Sequence;
   void engine_loop();
   void step(std::vector<std::unique_ptr<Sequence>>& running);
+  // One sampled row's token: logprobs, penalties, sampling (or the device's argmax), callbacks.
+  void emit(Sequence& sequence, float* logits, const int32_t* greedy_id);
   void finish(Sequence& sequence, const std::string& reason, const std::string& error = {});
 
   Transformer& transformer_;

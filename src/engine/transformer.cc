@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <mutex>
 
@@ -268,9 +269,48 @@ void Transformer::load() {
 
 // A device with its own memory must hold the model: the deployment planner's arithmetic says before
 // anything is uploaded.
+namespace {
+
+// MemAvailable of /proc/meminfo in bytes; 0 where there is none to read.
+uint64_t available_host_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kilobytes = 0;
+  std::string unit;
+  while (meminfo >> key >> kilobytes >> unit) {
+    if (key == "MemAvailable:") return kilobytes * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
 uint64_t Transformer::check_fits(KvFormat kv_format) const {
+  if (config_.max_position_embeddings > 0 && options_.context_tokens > config_.max_position_embeddings) {
+    fail("a context of {} tokens exceeds what the model was trained for (max_position_embeddings {})", options_.context_tokens,
+         config_.max_position_embeddings);
+  }
   const uint64_t memory = backend_->memory_bytes();
-  if (memory == 0) return 0;
+  if (memory == 0) {
+    // Host memory: weights are mapped from the checkpoint (the page cache holds them), but the KV
+    // cache and scratch are allocated, so they must fit what the machine has free.
+    const uint64_t available = available_host_memory();
+    if (available == 0) return 0;
+    planning::PlanOptions plan;
+    plan.dtype = kv_format == KvFormat::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
+    plan.context_tokens = options_.context_tokens;
+    plan.batch = options_.sequences;
+    plan.prefill_chunk_tokens = options_.max_chunk_tokens;
+    const planning::RankMemory needed =
+        planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), planning::parse_target("cpu:1"), plan);
+    const int64_t allocated = needed.kv_cache_bytes + needed.activation_bytes;
+    if (allocated > static_cast<int64_t>(available)) {
+      fail("the KV cache and scratch for {} x {} tokens need {:.2f} GB ({:.2f} GB of {} KV cache) and this machine has {:.2f} GB available; "
+           "lower the context or the number of sequences",
+           options_.sequences, options_.context_tokens, allocated / 1e9, needed.kv_cache_bytes / 1e9, format_name(kv_format), available / 1e9);
+    }
+    return 0;
+  }
   planning::Target target;
   target.name = backend_->name();
   target.kind = planning::TargetKind::kGpu;

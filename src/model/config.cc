@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json_input.h"
 
 namespace gemma4rt {
 namespace {
@@ -22,7 +23,7 @@ class FieldReader {
   int integer(const char* key, int fallback) const {
     if (!has(key)) return fallback;
     const json& value = object_.at(key);
-    if (!value.is_number_integer()) fail("{}: field {}{} must be an integer, got {}", source_, prefix_, key, value.dump());
+    if (!value.is_number_integer()) fail("{}: field {}{} must be an integer, got {}", source_, prefix_, key, json_excerpt(value));
     return value.get<int>();
   }
   std::optional<int> optional_integer(const char* key) const {
@@ -32,7 +33,7 @@ class FieldReader {
   double number(const char* key, double fallback) const {
     if (!has(key)) return fallback;
     const json& value = object_.at(key);
-    if (!value.is_number()) fail("{}: field {}{} must be a number, got {}", source_, prefix_, key, value.dump());
+    if (!value.is_number()) fail("{}: field {}{} must be a number, got {}", source_, prefix_, key, json_excerpt(value));
     return value.get<double>();
   }
   std::optional<double> optional_number(const char* key) const {
@@ -42,13 +43,13 @@ class FieldReader {
   bool boolean(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
     const json& value = object_.at(key);
-    if (!value.is_boolean()) fail("{}: field {}{} must be true or false, got {}", source_, prefix_, key, value.dump());
+    if (!value.is_boolean()) fail("{}: field {}{} must be true or false, got {}", source_, prefix_, key, json_excerpt(value));
     return value.get<bool>();
   }
   std::string string(const char* key, const std::string& fallback) const {
     if (!has(key)) return fallback;
     const json& value = object_.at(key);
-    if (!value.is_string()) fail("{}: field {}{} must be a string, got {}", source_, prefix_, key, value.dump());
+    if (!value.is_string()) fail("{}: field {}{} must be a string, got {}", source_, prefix_, key, json_excerpt(value));
     return value.get<std::string>();
   }
   // eos_token_id may be one id or a list of ids.
@@ -57,7 +58,7 @@ class FieldReader {
     if (!has(key)) return ids;
     const json& value = object_.at(key);
     auto take = [&](const json& item) {
-      if (!item.is_number_integer()) fail("{}: field {}{} must hold token ids, got {}", source_, prefix_, key, value.dump());
+      if (!item.is_number_integer()) fail("{}: field {}{} must hold token ids, got {}", source_, prefix_, key, json_excerpt(value));
       ids.push_back(item.get<int>());
     };
     if (value.is_array()) {
@@ -93,7 +94,7 @@ RopeConfig parse_rope(const json& parameters, const std::string& source, const s
   rope.partial_rotary_factor = reader.number("partial_rotary_factor", rope.type == "proportional" ? fallback.partial_rotary_factor : 1.0);
   rope.factor = reader.number("factor", 1.0);
   if (rope.theta <= 0 || rope.factor <= 0 || rope.partial_rotary_factor <= 0 || rope.partial_rotary_factor > 1) {
-    fail("{}: field {} has an impossible value: {}", source, path, parameters.dump());
+    fail("{}: field {} has an impossible value: {}", source, path, json_excerpt(parameters));
   }
   return rope;
 }
@@ -238,7 +239,7 @@ ModelConfig parse_model_config(const json& root, const std::string& source) {
     const json& types = text->at("layer_types");
     if (!types.is_array()) fail("{}: field {}layer_types must be a list", source, prefix);
     for (const json& type : types) {
-      const std::string name = type.is_string() ? type.get<std::string>() : type.dump();
+      const std::string name = type.is_string() ? type.get<std::string>() : json_excerpt(type);
       if (name == "sliding_attention") {
         config.layer_types.push_back(AttentionType::kSliding);
       } else if (name == "full_attention") {
@@ -287,24 +288,12 @@ ModelConfig parse_model_config(const json& root, const std::string& source) {
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   const std::filesystem::path path = model_dir / "config.json";
   if (!std::filesystem::exists(path)) fail("{}: file not found (a Hugging Face checkpoint directory needs config.json)", path.string());
-  std::ifstream input(path);
-  json root;
-  try {
-    root = json::parse(input);
-  } catch (const json::parse_error& error) {
-    fail("{}: invalid JSON: {}", path.string(), error.what());
-  }
+  const json root = parse_json_file(path);
   ModelConfig config = parse_model_config(root, path.string());
 
   const std::filesystem::path generation_path = model_dir / "generation_config.json";
   if (std::filesystem::exists(generation_path)) {
-    std::ifstream generation_input(generation_path);
-    json generation;
-    try {
-      generation = json::parse(generation_input);
-    } catch (const json::parse_error& error) {
-      fail("{}: invalid JSON: {}", generation_path.string(), error.what());
-    }
+    const json generation = parse_json_file(generation_path);
     if (!generation.is_object()) fail("{}: expected a JSON object", generation_path.string());
     FieldReader reader(generation, generation_path.string(), "");
     for (int id : reader.id_list("eos_token_id")) config.eos_token_ids.push_back(id);

@@ -8,11 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_input.h"
 
 namespace gemma4rt {
-namespace {
 
-// Bytes per element of every dtype the format defines; 0 = unknown to us (size left unchecked).
 size_t stored_dtype_size(const std::string& dtype) {
   static const std::map<std::string, size_t> sizes = {
       {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
@@ -20,8 +19,6 @@ size_t stored_dtype_size(const std::string& dtype) {
   auto found = sizes.find(dtype);
   return found == sizes.end() ? 0 : found->second;
 }
-
-}  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(std::make_unique<MappedFile>(path)) {
   const std::string name = path.string();
@@ -34,12 +31,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(std:
          bytes.size() - 8);
   }
   const char* header_begin = reinterpret_cast<const char*>(bytes.data() + 8);
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(header_begin, header_begin + header_size);
-  } catch (const nlohmann::json::parse_error& error) {
-    fail("{}: safetensors header is not valid JSON: {}", name, error.what());
-  }
+  const nlohmann::json header = parse_json(std::string_view(header_begin, header_size), name + " (safetensors header)");
   if (!header.is_object()) fail("{}: safetensors header is not a JSON object", name);
 
   const std::byte* data_begin = bytes.data() + 8 + header_size;
@@ -64,8 +56,12 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(std:
     uint64_t element_count = 1;
     for (const auto& dimension : entry["shape"]) {
       if (!dimension.is_number_unsigned()) bad("shape holds a non-integer or negative dimension");
-      tensor.shape.push_back(dimension.get<int64_t>());
-      element_count *= dimension.get<uint64_t>();
+      const uint64_t extent = dimension.get<uint64_t>();
+      if (extent > static_cast<uint64_t>(INT64_MAX) || (extent != 0 && element_count > UINT64_MAX / extent)) {
+        bad(fmt::format("shape {} has more elements than any file can hold", json_excerpt(entry["shape"])));
+      }
+      tensor.shape.push_back(static_cast<int64_t>(extent));
+      element_count *= extent;
     }
     const auto& offsets = entry["data_offsets"];
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) bad("data_offsets must be non-negative integers");
@@ -77,11 +73,19 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(std:
                       end, data_size));
     }
     const size_t element_size = stored_dtype_size(tensor.dtype_name);
+    if (element_size != 0 && element_count > UINT64_MAX / element_size) bad("shape has more bytes than any file can hold");
     if (element_size != 0 && end - begin != element_count * element_size) {
       bad(fmt::format("holds {} bytes but dtype {} and shape {} need {}", end - begin, tensor.dtype_name,
                       shape_to_string(tensor.shape), element_count * element_size));
     }
     tensor.data = data_begin + begin;
+    // Elements are read in place from the memory map (page-aligned), so they must sit at multiples of
+    // their size; safetensors writers pad the header and order tensors by element size to keep that.
+    if (element_size > 1 && (8 + header_size + begin) % element_size != 0) {
+      bad(fmt::format("its {}-byte elements start at byte {} of the file, not a multiple of {} (the header is not padded to 8 bytes, "
+                      "or tensors are not ordered by element size)",
+                      element_size, 8 + header_size + begin, element_size));
+    }
     tensor.size_bytes = end - begin;
     tensor.file = &file_->path();
     ranges.push_back({begin, end, key});
@@ -101,13 +105,7 @@ Checkpoint::Checkpoint(const std::filesystem::path& model_dir) {
   const auto single_path = model_dir / "model.safetensors";
   std::map<std::string, std::string> expected_file;  // tensor -> shard, from the index
   if (std::filesystem::exists(index_path)) {
-    std::ifstream input(index_path);
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(input);
-    } catch (const nlohmann::json::parse_error& error) {
-      fail("{}: invalid JSON: {}", index_path.string(), error.what());
-    }
+    const nlohmann::json index = parse_json_file(index_path);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       fail("{}: field weight_map is missing", index_path.string());
     }

@@ -16,6 +16,9 @@ namespace gemma4rt {
 
 // One tensor entry as stored. dtype_name is kept as written so unsupported dtypes (e.g. of vision
 // tensors we never read) only fail when something asks for them.
+// Bytes per element of every dtype the format defines ("BF16" -> 2); 0 = unknown to us.
+size_t stored_dtype_size(const std::string& dtype);
+
 struct StoredTensor {
   std::string name;
   std::string dtype_name;

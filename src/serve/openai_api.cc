@@ -59,7 +59,11 @@ class Fields {
 void parse_common(const json& body, const ServedModel& model, ParsedRequest& request) {
   if (!body.is_object()) throw invalid_request("the request body must be a JSON object");
   const Fields fields(body);
-  if (fields.has("model")) fields.string("model");
+  // As vLLM does: a request for another model is not answered by this one.
+  if (auto name = fields.string("model"); name && *name != model.id && *name != model.checkpoint_name) {
+    throw ApiError(404, "invalid_request_error", fmt::format("the model '{}' does not exist; this server serves '{}'", *name, model.id), "model",
+                   "model_not_found");
+  }
   if (auto n = fields.integer("n", 1, 128); n && *n != 1) throw invalid_request("only n = 1 is supported", "n");
   if (fields.boolean("echo").value_or(false)) throw invalid_request("'echo' is not supported", "echo");
   if (fields.has("best_of")) {
@@ -159,6 +163,21 @@ ParsedRequest parse_chat_request(const json& body, const ServedModel& model) {
   if (!fields.has("messages")) throw invalid_request("'messages' is required", "messages");
   const json& messages = fields.at("messages");
   if (!messages.is_array() || messages.empty()) throw invalid_request("'messages' must be a non-empty list", "messages");
+  // The engine runs the text decoder only: an image or audio part silently dropped (or sent as a bare
+  // placeholder token) would get an answer about something the model never saw.
+  for (size_t index = 0; index < messages.size(); ++index) {
+    const json& message = messages[index];
+    if (!message.is_object() || !message.contains("content") || !message["content"].is_array()) continue;
+    for (const json& part : message["content"]) {
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) continue;  // the chat format names these
+      const std::string& type = part["type"].get_ref<const std::string&>();
+      if (type != "text") {
+        throw invalid_request(fmt::format("messages[{}]: content parts of type '{}' are not supported: this server runs Gemma-4's text decoder only",
+                                          index, type),
+                              "messages");
+      }
+    }
+  }
 
   ChatOptions options;
   options.style = model.prompt_style;

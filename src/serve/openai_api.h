@@ -34,6 +34,7 @@ nlohmann::json error_body(const ApiError& error);
 // What validating a request needs to know about the served model.
 struct ServedModel {
   std::string id;                        // the name /v1/models lists
+  std::string checkpoint_name;           // the checkpoint directory's name, also accepted as "model"
   const Tokenizer* tokenizer = nullptr;
   GenerationPromptStyle prompt_style = GenerationPromptStyle::kESeries;
   int context_tokens = 0;

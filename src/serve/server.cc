@@ -2,6 +2,8 @@
 
 #include <array>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -14,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_input.h"
 #include "serve/output_parser.h"
 #include "serve/stop_strings.h"
 
@@ -197,10 +200,17 @@ std::variant<std::string, BodyError> read_body(const httplib::Request& request, 
     ok = reader([](const httplib::MultipartFormData&) { return true; }, [](const char*, size_t) { return true; });
     if (ok) return BodyError{400, "the request body must be JSON, not multipart form data"};
   } else {
+    bool too_large = false;
     ok = reader([&](const char* data, size_t size) {
+      // A chunked body has no Content-Length for httplib to check: the limit is applied as it arrives.
+      if (body.size() + size > max_bytes) {
+        too_large = true;
+        return false;
+      }
       body.append(data, size);
       return true;
     });
+    if (too_large) return BodyError{413, fmt::format("the request body exceeds {} bytes", max_bytes)};
   }
   if (!ok) {
     // httplib sets 413 when the body is over the limit (also a chunked one, once it gets there).
@@ -406,7 +416,32 @@ void Server::start() {
   const size_t threads = options_.http_threads > 0 ? static_cast<size_t>(options_.http_threads) : kMaxHttpThreads;
   http.new_task_queue = [threads] { return new ConnectionThreads(threads); };
   http.set_payload_max_length(options_.max_body_bytes);
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and take
+  // part of its traffic. SO_REUSEADDR alone still allows a quick restart after this one exits.
+  http.set_socket_options([](socket_t socket) {
+    const int yes = 1;
+    setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof(yes));
+  });
   http.set_read_timeout(30, 0);
+  // A client that announces a body over the limit gets the 413 instead of "100 Continue".
+  http.set_expect_100_continue_handler([max_bytes = options_.max_body_bytes](const httplib::Request& request, httplib::Response& response) {
+    if (request.get_header_value<uint64_t>("Content-Length") > max_bytes) {
+      response.status = 413;
+      return 413;
+    }
+    return 100;
+  });
+  // Two Content-Length headers that disagree make the body's end ambiguous (request smuggling).
+  http.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
+    const size_t lengths = request.get_header_value_count("Content-Length");
+    for (size_t index = 1; index < lengths; ++index) {
+      if (request.get_header_value("Content-Length", index) != request.get_header_value("Content-Length", 0)) {
+        send_error(response, ApiError(400, "invalid_request_error", "conflicting Content-Length headers"), request.path);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   http.set_write_timeout(30, 0);
 
   http.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
@@ -489,7 +524,11 @@ void Server::start() {
   } else {
     port_ = http.bind_to_port(options_.host, options_.port) ? options_.port : -1;
   }
-  if (port_ <= 0) fail("cannot listen on {}:{} (in use, or not an address of this machine)", options_.host, options_.port);
+  if (port_ <= 0) {
+    const int error = errno;
+    if (error == EADDRINUSE) fail("cannot listen on {}:{}: port in use (another server is running there)", options_.host, options_.port);
+    fail("cannot listen on {}:{}: {}", options_.host, options_.port, error != 0 ? std::strerror(error) : "not an address of this machine");
+  }
   listener_ = std::make_unique<std::thread>([this] { http_->listen_after_bind(); });
 }
 
@@ -530,9 +569,9 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
   try {
     json body;
     try {
-      body = json::parse(http_body);
-    } catch (const json::exception& error) {
-      throw invalid_request(fmt::format("the body is not valid JSON: {}", error.what()));
+      body = parse_json(http_body, "the request body");
+    } catch (const Error& error) {
+      throw invalid_request(error.what());
     }
     request = chat ? parse_chat_request(body, state.model) : parse_completion_request(body, state.model);
   } catch (const ApiError& error) {

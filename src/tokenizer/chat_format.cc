@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/json_input.h"
 #include "core/utf8.h"
 
 namespace gemma4rt {
@@ -415,9 +416,13 @@ void render_content(std::string& out, const json* content, bool model, Last& las
 
 std::optional<json> parse_object(const json& value) {
   if (!value.is_string()) return std::nullopt;
-  json parsed = json::parse(value.get_ref<const std::string&>(), nullptr, /*allow_exceptions=*/false);
-  if (!parsed.is_object()) return std::nullopt;
-  return parsed;
+  try {
+    json parsed = parse_json(value.get_ref<const std::string&>(), "a JSON string");
+    if (!parsed.is_object()) return std::nullopt;
+    return parsed;
+  } catch (const Error&) {
+    return std::nullopt;  // not JSON (or too deep to be): rendered as the text it is
+  }
 }
 
 void render_tool_response(std::string& out, const std::string& name, const json& response) {
@@ -689,8 +694,7 @@ std::optional<std::string> read_chat_template(const std::filesystem::path& model
   const auto config_path = model_dir / "tokenizer_config.json";
   const auto config_text = read_text_file(config_path);
   if (!config_text) return std::nullopt;
-  const json config = json::parse(*config_text, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded()) fail("{}: not valid JSON", config_path.string());
+  const json config = parse_json(*config_text, config_path.string());
   const json* chat_template = member(config, "chat_template");
   if (chat_template == nullptr || chat_template->is_null()) return std::nullopt;
   if (chat_template->is_string()) return chat_template->get<std::string>();

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/json_input.h"
 #include "core/utf8.h"
 
 namespace gemma4rt {
@@ -127,6 +128,7 @@ class TokenizerJsonReader final : public nlohmann::json_sax<json> {
       return true;
     }
     json* object = add_container(json::object());
+    if (object == nullptr) return false;
     if (stack_.size() == 2 && key_ == "model") model_ = object;
     return true;
   }
@@ -152,8 +154,7 @@ class TokenizerJsonReader final : public nlohmann::json_sax<json> {
       merge_depth_ = 0;
       return true;
     }
-    add_container(json::array());
-    return true;
+    return add_container(json::array()) != nullptr;
   }
   bool end_array() override {
     if (capture_mode_ == Capture::kMerges) {
@@ -207,6 +208,11 @@ class TokenizerJsonReader final : public nlohmann::json_sax<json> {
     return true;
   }
   json* add_container(json value) {
+    if (stack_.size() >= static_cast<size_t>(kMaxJsonDepth)) {
+      // Deeper than any tokenizer.json: stop before later walks over the DOM recurse that deep.
+      if (error.empty()) error = fmt::format("JSON nested more than {} levels deep (inside field \"{}\")", kMaxJsonDepth, key_);
+      return nullptr;
+    }
     json* container = place(std::move(value));
     stack_.push_back(container);
     return container;

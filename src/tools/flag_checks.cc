@@ -1,5 +1,6 @@
 // The numeric flag checks of every subcommand (declared in tools/commands.h). CLI11's PositiveNumber and
 // NonNegativeNumber answer a bad value with the whole range of a double; these name the bound.
+#include <cmath>
 #include <string>
 
 #include <fmt/format.h>
@@ -19,7 +20,10 @@ CLI::Validator bound_check(double least, const char* words, const char* help) {
         } catch (const std::exception&) {
           used = 0;
         }
-        if (used == 0 || used != text.size() || !(value >= least)) return fmt::format("expected {}, got \"{}\"", words, text);
+        // inf and nan parse as numbers too; neither is a temperature, a count or a length.
+        if (used == 0 || used != text.size() || !std::isfinite(value) || !(value >= least)) {
+          return fmt::format("expected {}, got \"{}\"", words, text);
+        }
         return "";
       },
       help);

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -11,6 +12,9 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"gemma4rt: an inference runtime for Gemma-4 text models"};
+  app.set_version_flag("--version", std::string("gemma4rt ") + GEMMA4RT_VERSION);
+  // Every option's help shows its default (subcommands inherit this).
+  app.option_defaults()->always_capture_default();
   app.require_subcommand(1);
   std::map<const CLI::App*, gemma4rt::tools::Action> actions;
   auto add = [&](gemma4rt::tools::Action (*register_command)(CLI::App&)) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_input.h"
 #include "core/progress.h"
 #include "model/checkpoint_writer.h"
 #include "model/model_shapes.h"
@@ -36,13 +37,7 @@ std::string group_digits(int64_t value) {
 }
 
 nlohmann::json read_config_file(const std::string& path) {
-  std::ifstream input(path);
-  if (!input) fail("{}: cannot open", path);
-  try {
-    return nlohmann::json::parse(input);
-  } catch (const nlohmann::json::parse_error& error) {
-    fail("{}: invalid JSON: {}", path, error.what());
-  }
+  return parse_json_file(path);
 }
 
 int make_model(const MakeModelFlags& flags) {

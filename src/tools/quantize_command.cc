@@ -83,6 +83,11 @@ int quantize(const QuantizeFlags& flags) {
   }
   if (weights.lm_head_tied) add_q8("lm_head.weight", weights.embed_tokens);  // the head reads its own q8 copy
 
+  // Larger elements first (f32 scales, then bf16, then int8): every tensor then starts at a multiple
+  // of its element size without gaps, which safetensors readers reject.
+  std::stable_sort(tensors.begin(), tensors.end(), [](const OutputTensor& a, const OutputTensor& b) {
+    return stored_dtype_size(a.dtype) > stored_dtype_size(b.dtype);
+  });
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"quantized_by", "gemma4rt quantize"}};
   uint64_t offset = 0;

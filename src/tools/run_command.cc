@@ -159,6 +159,12 @@ Action add_run_command(CLI::App& app) {
     if (command->count("--prompt") + command->count("--chat") + command->count("--prompt-ids") != 1) {
       throw CLI::ValidationError("run", "give exactly one of --prompt, --chat or --prompt-ids");
     }
+    // An empty prompt would run from <bos> alone and make up text nobody asked for.
+    for (const char* name : {"--prompt", "--chat", "--prompt-ids"}) {
+      if (command->count(name) > 0 && command->get_option(name)->as<std::string>().empty()) {
+        throw CLI::ValidationError(name, "is empty: give the text (or ids) to start from");
+      }
+    }
   });
   return [flags] { return run(*flags); };
 }

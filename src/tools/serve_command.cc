@@ -78,7 +78,8 @@ int serve_model(ServeFlags flags) {
 
     transformer = std::make_unique<Transformer>(*model, options);
 
-    state->model.id = flags.alias.empty() ? std::filesystem::path(flags.model_dir).lexically_normal().filename().string() : flags.alias;
+    state->model.checkpoint_name = std::filesystem::path(flags.model_dir).lexically_normal().filename().string();
+    state->model.id = flags.alias.empty() ? state->model.checkpoint_name : flags.alias;
     if (state->model.id.empty()) state->model.id = "gemma4";
     state->model.tokenizer = state->tokenizer.get();
     state->model.prompt_style = detect_generation_prompt_style(

@@ -2,6 +2,7 @@
 // tensor or field, and a non-zero exit; never a crash.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 
 #include "test_support.h"
@@ -173,6 +174,81 @@ TEST(BadInput, FlagOutOfRange) {
   const CommandResult help = run_gemma4rt({"plan", "--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("--ctx"), std::string::npos);
+}
+
+
+// JSON nested far deeper than any checkpoint file needs ends the load with one line; it does not
+// reach a recursive walk (error messages, rendering) that would overflow the stack.
+TEST(BadInput, DeeplyNestedConfig) {
+  const auto dir = broken_copy("deep_config");
+  nlohmann::json config = read_json_file(dir / "config.json");
+  std::string text = config.dump();
+  const std::string deep = std::string(100000, '[') + "1" + std::string(100000, ']');
+  const std::string field = "\"hidden_size\":";
+  const size_t at = text.find(field);
+  ASSERT_NE(at, std::string::npos);
+  const size_t value_end = text.find_first_of(",}", at + field.size());
+  text.replace(at + field.size(), value_end - at - field.size(), deep);
+  write_text_file(dir / "config.json", text);
+  expect_clear_failure(dir, {"config.json", "nested more than 128 levels", "hidden_size"});
+}
+
+// A number no double holds names the field it was given for.
+TEST(BadInput, NumberOutOfRangeInConfig) {
+  const auto dir = broken_copy("huge_number");
+  std::string text = read_json_file(dir / "config.json").dump();
+  const std::string field = "\"rms_norm_eps\":";
+  const size_t at = text.find(field);
+  ASSERT_NE(at, std::string::npos);
+  const size_t value_end = text.find_first_of(",}", at + field.size());
+  text.replace(at + field.size(), value_end - at - field.size(), "1e400");
+  write_text_file(dir / "config.json", text);
+  expect_clear_failure(dir, {"config.json", "out of range", "rms_norm_eps"});
+}
+
+// A header whose length leaves the data misaligned for 2-byte elements is refused (reading it in
+// place would be undefined behaviour), naming the tensor.
+TEST(BadInput, MisalignedTensorData) {
+  const auto dir = broken_copy("misaligned");
+  // The same header one byte longer and unpadded: every tensor's data moves to an odd file offset.
+  std::string bytes = read_text_file(dir / "model.safetensors");
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);
+  std::string header = bytes.substr(8, header_size);
+  while (!header.empty() && header.back() == ' ') header.pop_back();
+  if (header.size() % 2 == 0) header += ' ';
+  const uint64_t odd = header.size();
+  std::string rewritten(8, '\0');
+  std::memcpy(rewritten.data(), &odd, 8);
+  rewritten += header + bytes.substr(8 + header_size);
+  write_text_file(dir / "model.safetensors", rewritten);
+  expect_clear_failure(dir, {"model.safetensors", "not a multiple of 2"});
+}
+
+// Shapes whose element count overflows 64 bits are refused, not wrapped around into a small size.
+TEST(BadInput, ShapeThatOverflows) {
+  const auto dir = copy_with_header_edit("overflowing_shape", [](SafetensorsImage& image) {
+    image.header[kPrefix + "norm.weight"]["shape"] = {uint64_t{1} << 40, uint64_t{1} << 40};
+  });
+  expect_clear_failure(dir, {"model.safetensors", "norm.weight", "more elements than any file can hold"});
+}
+
+// An empty prompt would run from <bos> and make up text; inf is no temperature; a context beyond
+// the model's trained positions is refused before anything is allocated.
+TEST(BadInput, EmptyPromptsInfiniteNumbersAndHugeContexts) {
+  const std::string model = (std::filesystem::path(GEMMA4RT_MODELS) / "tiny-e2b").string();
+  for (const std::vector<std::string>& arguments :
+       {std::vector<std::string>{"--prompt", ""}, std::vector<std::string>{"--chat", ""}, std::vector<std::string>{"--prompt-ids", ""}}) {
+    std::vector<std::string> command = {"run", "--model", model};
+    command.insert(command.end(), arguments.begin(), arguments.end());
+    const CommandResult result = run_gemma4rt(command);
+    EXPECT_EQ(result.exit_code, 1) << arguments[0] << ": " << result.err;
+    EXPECT_NE(result.err.find(arguments[0]), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find("is empty"), std::string::npos) << result.err;
+  }
+  expect_clear_failure(kSource, {"--temperature", "\"inf\""}, {"--temperature", "inf"});
+  expect_clear_failure(kSource, {"--temperature", "\"nan\""}, {"--temperature", "nan"});
+  expect_clear_failure(kSource, {"200000", "max_position_embeddings 131072"}, {"--ctx", "200000"});
 }
 
 }  // namespace

@@ -182,6 +182,18 @@ TEST(CoherenceAgent, ThinkingPromptRenderedFromChatFlag) {
   }
 }
 
+// --version, and every --help shows the defaults of its options.
+TEST(RunCommand, VersionAndDefaultsInHelp) {
+  const CommandResult version = run_gemma4rt({"--version"});
+  EXPECT_EQ(version.exit_code, 0) << version.err;
+  EXPECT_TRUE(version.out.starts_with("gemma4rt ")) << version.out;
+  const CommandResult run_help = run_gemma4rt({"run", "--help"});
+  EXPECT_NE(run_help.out.find("--ctx INT:>= 1=4096"), std::string::npos) << run_help.out;
+  EXPECT_NE(run_help.out.find("=256"), std::string::npos) << run_help.out;  // --max-tokens
+  const CommandResult serve_help = run_gemma4rt({"serve", "--help"});
+  EXPECT_NE(serve_help.out.find("=8080"), std::string::npos) << serve_help.out;  // --port
+}
+
 TEST(RunCommand, StreamsTextWithoutJson) {
   const CommandResult result = run_gemma4rt({"run", "--model", (kModels / "tiny-e2b").string(), "--chat", "What is the capital of France?"});
   ASSERT_EQ(result.exit_code, 0) << result.err;

@@ -4,12 +4,17 @@
 //
 //   GEMMA4RT_BINARY=build/gemma4rt GEMMA4RT_MODELS=models node --test tests/e2e/server.test.mjs
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import net from 'node:net';
+import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import OpenAI from 'openai';
 
 import {
+  BINARY,
+  MODELS,
   checkEnvironment,
   isErrorObject,
   loadCoherence,
@@ -164,16 +169,16 @@ describe('openai client against tiny-e2b', () => {
     assert.ok(nonAscii.length >= 10, `${nonAscii.length} non-ASCII answers`);
     for (const prompt of nonAscii) {
       if (prompt.messages) {
-        const whole = await client.chat.completions.create({ model: 'x', messages: prompt.messages, temperature: 0, logprobs: true });
+        const whole = await client.chat.completions.create({ model: 'tiny-e2b', messages: prompt.messages, temperature: 0, logprobs: true });
         assert.equal(whole.choices[0].message.content, prompt.expected_text, prompt.id);
         // Byte tokens show as U+FFFD in `token`, but their bytes add up to the answer.
         const bytes = whole.choices[0].logprobs.content.flatMap((entry) => entry.bytes);
         assert.equal(Buffer.from(bytes).toString('utf8'), prompt.expected_text, `${prompt.id}: logprob bytes`);
-        const streamed = await collectChatStream(await client.chat.completions.create({ model: 'x', messages: prompt.messages, temperature: 0, stream: true }));
+        const streamed = await collectChatStream(await client.chat.completions.create({ model: 'tiny-e2b', messages: prompt.messages, temperature: 0, stream: true }));
         assert.equal(streamed.content, prompt.expected_text, `${prompt.id} streamed`);
         for (const chunk of streamed.chunks) assert.ok(!(chunk.choices[0]?.delta?.content ?? '').includes('\uFFFD'), `${prompt.id}: a broken character in a chunk`);
       } else {
-        const whole = await client.completions.create({ model: 'x', prompt: prompt.text, temperature: 0, logprobs: 1 });
+        const whole = await client.completions.create({ model: 'tiny-e2b', prompt: prompt.text, temperature: 0, logprobs: 1 });
         assert.equal(whole.choices[0].text, prompt.expected_text, prompt.id);
         // Offsets advance by each token's bytes, one byte for a byte-fallback token.
         const { text_offset: offsets, tokens } = whole.choices[0].logprobs;
@@ -182,7 +187,7 @@ describe('openai client against tiny-e2b', () => {
         assert.equal(tokens.at(-1), '.');
         assert.equal(offsets.at(-1), Buffer.byteLength(prompt.expected_text) - 1, `${prompt.id}: ${offsets}`);
         let text = '';
-        for await (const chunk of await client.completions.create({ model: 'x', prompt: prompt.text, temperature: 0, stream: true })) {
+        for await (const chunk of await client.completions.create({ model: 'tiny-e2b', prompt: prompt.text, temperature: 0, stream: true })) {
           const piece = chunk.choices[0]?.text ?? '';
           assert.ok(!piece.includes('\uFFFD'), `${prompt.id}: a broken character in a chunk`);
           text += piece;
@@ -194,7 +199,7 @@ describe('openai client against tiny-e2b', () => {
 
   it('accepts content as a list of text parts', async () => {
     const completion = await client.chat.completions.create({
-      model: 'x', temperature: 0, messages: [{ role: 'user', content: [{ type: 'text', text: FRANCE.messages[0].content }] }],
+      model: 'tiny-e2b', temperature: 0, messages: [{ role: 'user', content: [{ type: 'text', text: FRANCE.messages[0].content }] }],
     });
     assert.equal(completion.choices[0].message.content, FRANCE.expected_text);
     assert.equal(completion.usage.prompt_tokens, FRANCE.input_ids.length);
@@ -202,15 +207,15 @@ describe('openai client against tiny-e2b', () => {
 
   it('ends at max_tokens with finish_reason length', async () => {
     for (const budget of [{ max_tokens: 3 }, { max_completion_tokens: 3 }]) {
-      const chat = await client.chat.completions.create({ model: 'x', messages: FRANCE.messages, temperature: 0, ...budget });
+      const chat = await client.chat.completions.create({ model: 'tiny-e2b', messages: FRANCE.messages, temperature: 0, ...budget });
       assert.equal(chat.choices[0].finish_reason, 'length');
       assert.equal(chat.usage.completion_tokens, 3);
       assert.equal(chat.choices[0].message.content, 'The capital of');
     }
-    const streamed = await collectChatStream(await client.chat.completions.create({ model: 'x', messages: FRANCE.messages, temperature: 0, max_tokens: 3, stream: true }));
+    const streamed = await collectChatStream(await client.chat.completions.create({ model: 'tiny-e2b', messages: FRANCE.messages, temperature: 0, max_tokens: 3, stream: true }));
     assert.deepEqual(streamed.finishReasons, ['length']);
     assert.equal(streamed.content, 'The capital of');
-    const raw = await client.completions.create({ model: 'x', prompt: FRANCE_RAW.text, temperature: 0, max_tokens: 1 });
+    const raw = await client.completions.create({ model: 'tiny-e2b', prompt: FRANCE_RAW.text, temperature: 0, max_tokens: 1 });
     assert.equal(raw.choices[0].text, ' Paris');
     assert.equal(raw.choices[0].finish_reason, 'length');
   });
@@ -218,7 +223,7 @@ describe('openai client against tiny-e2b', () => {
   it('samples greedily with top_k 1 or min_p 1 whatever the temperature', async () => {
     for (const extra of [{ top_k: 1 }, { min_p: 1 }, { top_p: 0 }]) {
       for (const seed of [3, 4]) {
-        const completion = await client.chat.completions.create({ model: 'x', messages: E2B_CHAT[4].messages, temperature: 2, seed, ...extra });
+        const completion = await client.chat.completions.create({ model: 'tiny-e2b', messages: E2B_CHAT[4].messages, temperature: 2, seed, ...extra });
         assert.equal(completion.choices[0].message.content, E2B_CHAT[4].expected_text, JSON.stringify(extra));
       }
     }
@@ -440,7 +445,7 @@ describe('thinking and tool calls (tiny-e2b-agent)', () => {
 
   it('answers plain questions with thinking off', async () => {
     for (const prompt of byKind(AGENT, 'chat_capital_of_country').slice(0, 4)) {
-      const completion = await client.chat.completions.create({ model: 'x', messages: prompt.messages, temperature: 0 });
+      const completion = await client.chat.completions.create({ model: 'tiny-e2b-agent', messages: prompt.messages, temperature: 0 });
       assert.equal(completion.choices[0].message.content, prompt.expected_parsed.content);
       assert.equal(completion.choices[0].message.reasoning_content ?? null, null);
     }
@@ -449,7 +454,7 @@ describe('thinking and tool calls (tiny-e2b-agent)', () => {
   it('separates reasoning from content', async () => {
     for (const prompt of thinking) {
       const completion = await client.chat.completions.create({
-        model: 'x', messages: prompt.messages, temperature: 0, chat_template_kwargs: { enable_thinking: prompt.enable_thinking },
+        model: 'tiny-e2b-agent', messages: prompt.messages, temperature: 0, chat_template_kwargs: { enable_thinking: prompt.enable_thinking },
       });
       const { message, finish_reason: finishReason } = completion.choices[0];
       assert.equal(message.reasoning_content, prompt.expected_parsed.reasoning, prompt.id);
@@ -461,7 +466,7 @@ describe('thinking and tool calls (tiny-e2b-agent)', () => {
     }
     // reasoning_effort turns thinking on as well.
     const [first] = thinking;
-    const effort = await client.chat.completions.create({ model: 'x', messages: first.messages, temperature: 0, reasoning_effort: 'low' });
+    const effort = await client.chat.completions.create({ model: 'tiny-e2b-agent', messages: first.messages, temperature: 0, reasoning_effort: 'low' });
     assert.equal(effort.choices[0].message.reasoning_content, first.expected_parsed.reasoning);
     assert.equal(effort.choices[0].message.content, first.expected_parsed.content);
   });
@@ -469,7 +474,7 @@ describe('thinking and tool calls (tiny-e2b-agent)', () => {
   it('streams reasoning and content separately', async () => {
     for (const prompt of streamed(thinking)) {
       const result = await collectChatStream(
-        await client.chat.completions.create({ model: 'x', messages: prompt.messages, temperature: 0, stream: true, chat_template_kwargs: { enable_thinking: true } }),
+        await client.chat.completions.create({ model: 'tiny-e2b-agent', messages: prompt.messages, temperature: 0, stream: true, chat_template_kwargs: { enable_thinking: true } }),
       );
       assert.equal(result.reasoning, prompt.expected_parsed.reasoning, prompt.id);
       assert.equal(result.content, prompt.expected_parsed.content, prompt.id);
@@ -489,7 +494,7 @@ describe('thinking and tool calls (tiny-e2b-agent)', () => {
   it('returns tool calls', async () => {
     const ids = new Set();
     for (const prompt of toolCalls) {
-      const completion = await client.chat.completions.create({ model: 'x', messages: prompt.messages, tools: prompt.tools, temperature: 0 });
+      const completion = await client.chat.completions.create({ model: 'tiny-e2b-agent', messages: prompt.messages, tools: prompt.tools, temperature: 0 });
       const { message, finish_reason: finishReason } = completion.choices[0];
       assert.equal(finishReason, 'tool_calls', prompt.id);
       assert.ok(message.content === null || message.content === '', `${prompt.id}: content ${JSON.stringify(message.content)}`);
@@ -513,7 +518,7 @@ describe('thinking and tool calls (tiny-e2b-agent)', () => {
   it('streams tool calls', async () => {
     for (const prompt of streamed(toolCalls)) {
       const result = await collectChatStream(
-        await client.chat.completions.create({ model: 'x', messages: prompt.messages, tools: prompt.tools, temperature: 0, stream: true, stream_options: { include_usage: true } }),
+        await client.chat.completions.create({ model: 'tiny-e2b-agent', messages: prompt.messages, tools: prompt.tools, temperature: 0, stream: true, stream_options: { include_usage: true } }),
       );
       assert.deepEqual(result.finishReasons, ['tool_calls'], prompt.id);
       assert.equal(result.content, '', `${prompt.id}: no content`);
@@ -532,13 +537,13 @@ describe('thinking and tool calls (tiny-e2b-agent)', () => {
     for (const prompt of toolResults) {
       const [user, assistant, tool] = prompt.messages;
       // Step 1: the call, as the server returns it.
-      const first = await client.chat.completions.create({ model: 'x', messages: [user], tools: prompt.tools, temperature: 0 });
+      const first = await client.chat.completions.create({ model: 'tiny-e2b-agent', messages: [user], tools: prompt.tools, temperature: 0 });
       const call = first.choices[0].message.tool_calls?.[0];
       assert.ok(call, `${prompt.id}: a tool call`);
       assert.deepEqual(JSON.parse(call.function.arguments), assistant.tool_calls[0].function.arguments);
       // Step 2: the assistant message as received, and the result as a JSON string.
       const messages = [user, first.choices[0].message, { role: 'tool', tool_call_id: call.id, content: JSON.stringify(tool.content) }];
-      const second = await client.chat.completions.create({ model: 'x', messages, tools: prompt.tools, temperature: 0 });
+      const second = await client.chat.completions.create({ model: 'tiny-e2b-agent', messages, tools: prompt.tools, temperature: 0 });
       assert.equal(second.choices[0].message.content, prompt.expected_parsed.content, prompt.id);
       assert.equal(second.choices[0].finish_reason, 'stop');
       assert.equal(second.usage.prompt_tokens, prompt.input_ids.length, `${prompt.id}: rendered prompt`);
@@ -554,7 +559,7 @@ describe('thinking and tool calls (tiny-e2b-agent)', () => {
       const strings = structuredClone(prompt.messages);
       strings[1].tool_calls[0].function.arguments = JSON.stringify(strings[1].tool_calls[0].function.arguments);
       strings[2].content = JSON.stringify(strings[2].content);
-      const stream = await collectChatStream(await client.chat.completions.create({ model: 'x', messages: strings, tools: prompt.tools, temperature: 0, stream: true }));
+      const stream = await collectChatStream(await client.chat.completions.create({ model: 'tiny-e2b-agent', messages: strings, tools: prompt.tools, temperature: 0, stream: true }));
       assert.equal(stream.content, prompt.expected_parsed.content, `${prompt.id} (strings, streamed)`);
       assert.deepEqual(stream.finishReasons, ['stop']);
     }
@@ -576,26 +581,26 @@ describe('batch isolation (--parallel 4)', () => {
     const jobs = [];
     for (const prompt of E2B_RAW.slice(0, 6)) {
       jobs.push(async () => {
-        const answer = await client.completions.create({ model: 'x', prompt: prompt.text, temperature: 0, max_tokens: 24, ignore_eos: true });
+        const answer = await client.completions.create({ model: 'tiny-e2b', prompt: prompt.text, temperature: 0, max_tokens: 24, ignore_eos: true });
         return `${answer.choices[0].text}|${answer.choices[0].finish_reason}|${answer.usage.completion_tokens}`;
       });
     }
     for (const prompt of [...E2B_CHAT.slice(6, 9), E2B_REVERSE[4]]) {
       jobs.push(async () => {
-        const answer = await client.chat.completions.create({ model: 'x', messages: prompt.messages, temperature: 0 });
+        const answer = await client.chat.completions.create({ model: 'tiny-e2b', messages: prompt.messages, temperature: 0 });
         assert.equal(answer.choices[0].message.content, prompt.expected_text);
         return `${answer.choices[0].message.content}|${answer.usage.completion_tokens}`;
       });
     }
     for (const seed of [11, 12]) {
       jobs.push(async () => {
-        const answer = await client.completions.create({ model: 'x', prompt: E2B_RAW[seed].text, temperature: 1, top_p: 0.95, seed, max_tokens: 24, ignore_eos: true });
+        const answer = await client.completions.create({ model: 'tiny-e2b', prompt: E2B_RAW[seed].text, temperature: 1, top_p: 0.95, seed, max_tokens: 24, ignore_eos: true });
         return answer.choices[0].text;
       });
     }
     jobs.push(async () => {
       const streamed = await collectChatStream(
-        await client.chat.completions.create({ model: 'x', messages: E2B_CHAT[9].messages, temperature: 0, max_tokens: 40, stream: true, logprobs: true }),
+        await client.chat.completions.create({ model: 'tiny-e2b', messages: E2B_CHAT[9].messages, temperature: 0, max_tokens: 40, stream: true, logprobs: true }),
       );
       return `${streamed.content}|${streamed.logprobs.map((entry) => entry.token).join('')}`;
     });
@@ -609,7 +614,7 @@ describe('batch isolation (--parallel 4)', () => {
   });
 
   it('is not disturbed by a neighbour that goes away', async () => {
-    const body = (prompt) => ({ model: 'x', prompt: prompt.text, temperature: 0, max_tokens: 200, ignore_eos: true });
+    const body = (prompt) => ({ model: 'tiny-e2b', prompt: prompt.text, temperature: 0, max_tokens: 200, ignore_eos: true });
     const alone = [];
     for (const prompt of E2B_RAW.slice(20, 23)) alone.push((await client.completions.create(body(prompt))).choices[0].text);
     const leaving = await openStream(server, '/v1/completions', { ...body(E2B_RAW[23]), max_tokens: 3000 });
@@ -670,7 +675,7 @@ describe('bad input', () => {
       ['temperature "hot"', () => chat({ messages, temperature: 'hot' }), 400],
       ['temperature 5', () => chat({ messages, temperature: 5 }), 400],
       ['messages "hi"', () => chat({ messages: 'hi' }), 400],
-      ['messages missing', () => chat({ model: 'x' }), 400],
+      ['messages missing', () => chat({ model: 'tiny-e2b' }), 400],
       ['empty messages', () => chat({ messages: [] }), 400],
       ['unknown role', () => chat({ messages: [{ role: 'wizard', content: 'hi' }] }), 400],
       ['message without content', () => chat({ messages: [{ role: 'user' }] }), 400],
@@ -686,11 +691,38 @@ describe('bad input', () => {
       ['top_logprobs 99', () => chat({ messages, logprobs: true, top_logprobs: 99 }), 400],
       ['tools not a list', () => chat({ messages, tools: 'get_weather' }), 400],
       ['chat_template_kwargs not an object', () => chat({ messages, chat_template_kwargs: 'x' }), 400],
+      ['an unknown model', () => chat({ model: 'gpt-4o', messages }), 404],
+      ['an image part', () => chat({ messages: [{ role: 'user', content: [{ type: 'text', text: 'What is this?' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }] }] }), 400],
+      ['an audio part', () => chat({ messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }] }] }), 400],
       ['prompt missing', () => postJson(server, '/v1/completions', { max_tokens: 3 }), 400],
       ['prompt token id out of range', () => postJson(server, '/v1/completions', { prompt: [2, 999999] }), 400],
       ['prompt of the wrong type', () => postJson(server, '/v1/completions', { prompt: { text: 'hi' } }), 400],
     ];
     for (const [what, send, status] of cases) assertErrorResponse(await send(), { status, type: 'invalid_request_error', what });
+  });
+
+  it('answers JSON nested 100,000 deep anywhere in a request without a 5xx, and stays up', async () => {
+    const deepArray = '['.repeat(100000) + ']'.repeat(100000);
+    const deepObjectText = '{"a":'.repeat(50000) + '1' + '}'.repeat(50000);
+    const weather = (parameters) => [{ type: 'function', function: { name: 'get_weather', parameters } }];
+    const cases = [
+      ['deep messages', () => chat(`{"messages": ${deepArray}}`)],
+      ['deep tool parameters', () => chat(`{"messages": ${JSON.stringify(messages)}, "tools": [{"type": "function", "function": {"name": "f", "parameters": ${deepObjectText}}}]}`)],
+      ['deep tool response', () => chat(`{"messages": [{"role": "tool", "tool_call_id": "a", "content": "x", "tool_responses": [{"name": "f", "response": ${deepObjectText}}]}]}`)],
+      // Inside strings the nesting reaches the server as text: arguments and tool results the chat
+      // format would parse as JSON.
+      ['deep tool-call arguments string', () => chat({ messages: [...messages, { role: 'assistant', tool_calls: [{ id: 'a', type: 'function', function: { name: 'f', arguments: deepObjectText } }] }], tools: weather({ type: 'object' }) })],
+      ['deep tool message content', () => chat({ messages: [...messages, { role: 'tool', tool_call_id: 'a', content: deepObjectText }] })],
+    ];
+    // Deep nesting in the body itself is a 400; inside strings it is only text (a 400 when it no longer
+    // fits the context, else an answer). Never a 5xx or a crash.
+    for (const [what, send, bodyLevel] of cases.map((entry, index) => [...entry, index < 3])) {
+      const response = await send();
+      if (bodyLevel) assertErrorResponse(response, { status: 400, type: 'invalid_request_error', what });
+      else assert.ok(response.status < 500, `${what}: status ${response.status}`);
+    }
+    const health = await fetch(server.url('/health'));
+    assert.equal(health.status, 200);
   });
 
   it('rejects prompts longer than the context', async () => {
@@ -767,6 +799,46 @@ describe('bad input', () => {
     assert.equal(json.choices[0].text, FRANCE_RAW.expected_text);
   });
 
+  // Sends raw bytes and returns what the server answers first (status line and headers), or all of it
+  // once the server closes, within `timeoutMs`.
+  const rawExchange = (text, { timeoutMs = 5000, untilClose = false } = {}) => new Promise((resolve, reject) => {
+    const socket = net.connect(server.port, '127.0.0.1');
+    let answer = '';
+    const timer = setTimeout(() => { socket.destroy(); resolve(answer); }, timeoutMs);
+    socket.on('data', (data) => {
+      answer += data.toString('latin1');
+      if (!untilClose && answer.includes('\r\n\r\n')) { clearTimeout(timer); socket.destroy(); resolve(answer); }
+    });
+    socket.on('close', () => { clearTimeout(timer); resolve(answer); });
+    socket.on('error', (error) => { clearTimeout(timer); if (answer) resolve(answer); else reject(error); });
+    socket.write(text);
+  });
+
+  it('applies --max-body-mb to chunked bodies, answers Expect: 100-continue with 413, refuses conflicting lengths', async () => {
+    // 3 MB of chunked JSON against the 2 MB limit: 413 before the body ends.
+    const chunk = 'x'.repeat(64 * 1024);
+    const chunks = [`{"prompt": "`, ...Array(48).fill(chunk), '"}'];
+    const chunked = chunks.map((part) => `${part.length.toString(16)}\r\n${part}\r\n`).join('') + '0\r\n\r\n';
+    const big = await rawExchange(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n${chunked}`);
+    assert.match(big, /^HTTP\/1\.1 413/, big.slice(0, 200));
+    // Expect: 100-continue with a body over the limit: 413 at once, never "100 Continue".
+    const expect = await rawExchange('POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3000000\r\nExpect: 100-continue\r\n\r\n');
+    assert.match(expect, /^HTTP\/1\.1 413/, expect.slice(0, 200));
+    // Two Content-Length headers that disagree.
+    const body = JSON.stringify({ prompt: 'hi', max_tokens: 1 });
+    const conflicting = await rawExchange(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nContent-Length: 3\r\n\r\n${body}`);
+    assert.match(conflicting, /^HTTP\/1\.1 400/, conflicting.slice(0, 200));
+  });
+
+  it('refuses a second server on the same port', async () => {
+    const second = spawn(BINARY, ['serve', '--model', path.join(MODELS, 'tiny-e2b'), '--host', '127.0.0.1', '--port', String(server.port)], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    second.stderr.on('data', (data) => { stderr += data; });
+    const code = await new Promise((resolve) => second.on('exit', (exitCode) => resolve(exitCode)));
+    assert.equal(code, 1, stderr);
+    assert.match(stderr, /port in use/, stderr);
+  });
+
   it('still serves afterwards', async () => {
     const health = await request(server.url('/health'));
     assert.equal(health.status, 200);
@@ -793,7 +865,7 @@ describe('--api-key', () => {
     assertErrorResponse(await postJson(server, '/v1/chat/completions', body, { headers: { Authorization: 'Bearer wrong' } }), { status: 401, what: 'wrong key' });
     assertErrorResponse(await postJson(server, '/v1/completions', { prompt: 'x' }, { headers: { Authorization: 'sekrit-key' } }), { status: 401, what: 'no Bearer' });
     assertErrorResponse(await request(server.url('/v1/models')), { status: 401, what: 'models without key' });
-    await assert.rejects(clientFor(server, { apiKey: 'wrong' }).chat.completions.create({ model: 'x', messages: FRANCE.messages }), (error) => {
+    await assert.rejects(clientFor(server, { apiKey: 'wrong' }).chat.completions.create({ model: 'tiny-e2b', messages: FRANCE.messages }), (error) => {
       assert.ok(error instanceof OpenAI.AuthenticationError, `got ${error.constructor.name}`);
       assert.equal(error.status, 401);
       return true;
@@ -804,7 +876,7 @@ describe('--api-key', () => {
 
   it('serves requests with the key', async () => {
     const client = clientFor(server, { apiKey: 'sekrit-key' });
-    const answer = await client.chat.completions.create({ model: 'x', messages: FRANCE.messages, temperature: 0 });
+    const answer = await client.chat.completions.create({ model: 'tiny-e2b', messages: FRANCE.messages, temperature: 0 });
     assert.equal(answer.choices[0].message.content, FRANCE.expected_text);
     const models = [];
     for await (const model of client.models.list()) models.push(model.id);
@@ -844,7 +916,7 @@ describe('queue limit (--parallel 1 --max-queue 0)', () => {
       assert.equal(events.length, 2, 'the long request is running');
       const refused = await postJson(server, '/v1/chat/completions', { messages: FRANCE.messages });
       assertErrorResponse(refused, { status: 429, type: 'rate_limit_error', what: 'second request' });
-      await assert.rejects(clientFor(server).completions.create({ model: 'x', prompt: 'hi' }), (error) => {
+      await assert.rejects(clientFor(server).completions.create({ model: 'tiny-e2b', prompt: 'hi' }), (error) => {
         assert.ok(error instanceof OpenAI.RateLimitError, `got ${error.constructor.name}`);
         return true;
       });

@@ -321,11 +321,13 @@ TEST(StreamingDecoderTest, MatchesOneShotDecodeOnGoldens) {
   const Tokenizer& tokenizer = gemma4_tokenizer();
   std::vector<std::vector<int32_t>> sequences;
   std::vector<int32_t> everything;
-  for (const json& c : read_json(kTestData / "tokenizer/golden-encode.json")["cases"]) {
+  const json encode_cases = read_json(kTestData / "tokenizer/golden-encode.json");  // kept alive for the loop
+  for (const json& c : encode_cases["cases"]) {
     sequences.push_back(ids_of(c["ids"]));
     everything.insert(everything.end(), sequences.back().begin(), sequences.back().end());
   }
-  for (const json& c : read_json(kTestData / "tokenizer/golden-decode.json")["cases"]) {
+  const json decode_cases = read_json(kTestData / "tokenizer/golden-decode.json");
+  for (const json& c : decode_cases["cases"]) {
     sequences.push_back(ids_of(c["ids"]));
     everything.insert(everything.end(), sequences.back().begin(), sequences.back().end());
   }
@@ -367,7 +369,8 @@ TEST(StreamingDecoderTest, MatchesOneShotDecodeOnModelOutputs) {
   for (const std::string& model : kModelNames) {
     SCOPED_TRACE("model " + model);
     const Tokenizer tokenizer = Tokenizer::load(kModels / model / "tokenizer.json");
-    for (const json& prompt : read_json(kModels / model / "coherence.json")["prompts"]) {
+    const json fixture = read_json(kModels / model / "coherence.json");
+    for (const json& prompt : fixture["prompts"]) {
       for (const char* field : {"input_ids", "output_ids"}) {
         const std::vector<int32_t> ids = ids_of(prompt[field]);
         for (bool skip : {false, true}) {

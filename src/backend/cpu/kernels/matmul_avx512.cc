@@ -19,6 +19,7 @@
 #pragma GCC diagnostic pop
 
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cpu/kernels/matmul.h"
 
@@ -26,6 +27,13 @@ namespace gemma4rt::kernels::detail {
 namespace {
 
 inline int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Two consecutive floats as the bits of one double: scales are only 4-byte aligned, so no double load.
+inline double two_floats(const float* pair) {
+  double bits;
+  std::memcpy(&bits, pair, sizeof(bits));
+  return bits;
+}
 
 // Weight bytes per cache block: the rows of one block stay in L2 (1 MiB on Zen 4) while every token
 // tile passes over them, so each weight byte comes from memory once per matmul call.
@@ -159,7 +167,7 @@ struct Q8Vnni {
   static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.values + k, offset); }
   static WVec load_w(const Row& row, int64_t k) {
     return weights(_mm512_loadu_si512(row.values + k),
-                   _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(row.scales + (k >> 5)))));
+                   _mm_castpd_ps(_mm_set_sd(two_floats(row.scales + (k >> 5)))));
   }
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
     const int blocks = count > kQ8BlockValues ? 2 : 1;
