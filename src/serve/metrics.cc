@@ -4,6 +4,27 @@
 
 namespace gemma4rt::serve {
 
+void Histogram::observe(double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t bucket = 0;
+  while (bucket < bounds_.size() && seconds > bounds_[bucket]) ++bucket;
+  ++counts_[bucket];
+  sum_ += seconds;
+  ++count_;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& help) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string text = fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  int64_t cumulative = 0;
+  for (size_t bucket = 0; bucket < bounds_.size(); ++bucket) {
+    cumulative += counts_[bucket];
+    text += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[bucket], cumulative);
+  }
+  text += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {:.6f}\n{}_count {}\n", name, count_, name, sum_, name, count_);
+  return text;
+}
+
 void Metrics::count_request(const std::string& route, int status) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++requests_[{route, status}];
@@ -24,6 +45,12 @@ std::string Metrics::render(const SchedulerStats* stats, bool ready, bool draini
       "# HELP gemma4rt_completion_tokens_total Generated tokens.\n# TYPE gemma4rt_completion_tokens_total counter\n"
       "gemma4rt_completion_tokens_total {}\n",
       prompt_tokens_.load(), completion_tokens_.load());
+  text += fmt::format("# HELP gemma4rt_generation_tokens_total Generated tokens (vLLM's name).\n# TYPE gemma4rt_generation_tokens_total counter\n"
+                      "gemma4rt_generation_tokens_total {}\n",
+                      completion_tokens_.load());
+  text += time_to_first_token_.render("gemma4rt_time_to_first_token_seconds", "Seconds from a request's arrival to its first generated token.");
+  text += inter_token_latency_.render("gemma4rt_inter_token_latency_seconds", "Seconds between successive tokens of a request.");
+  text += request_latency_.render("gemma4rt_e2e_request_latency_seconds", "Seconds from a request's arrival to the end of its response.");
   text += fmt::format("# HELP gemma4rt_ready 1 when the model is loaded and requests are accepted.\n# TYPE gemma4rt_ready gauge\ngemma4rt_ready {}\n",
                       ready && !draining ? 1 : 0);
   if (stats != nullptr) {

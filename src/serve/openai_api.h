@@ -41,6 +41,8 @@ struct ServedModel {
   int vocab_size = 0;
   int bos_token_id = 2;
   std::vector<int> eos_token_ids;
+  std::string backend;                   // where the forward pass runs, for /props ("cpu (avx512bf16)")
+  int slots = 0;                         // KV slots (--parallel)
 };
 
 struct ParsedRequest {

@@ -34,8 +34,14 @@ constexpr auto kHeartbeatInterval = std::chrono::milliseconds(250);
 constexpr size_t kMaxHttpThreads = 4096;
 
 // The routes and their methods, for 405 answers.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 5> kRoutes = {{
-    {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"}, {"/health", "GET"}, {"/metrics", "GET"}}};
+constexpr std::array<std::pair<std::string_view, std::string_view>, 8> kRoutes = {{{"/v1/chat/completions", "POST"},
+                                                                                 {"/v1/completions", "POST"},
+                                                                                 {"/v1/models", "GET"},
+                                                                                 {"/health", "GET"},
+                                                                                 {"/metrics", "GET"},
+                                                                                 {"/tokenize", "POST"},
+                                                                                 {"/detokenize", "POST"},
+                                                                                 {"/props", "GET"}}};
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -60,6 +66,10 @@ struct Session {
   std::string error;
   int completion_tokens = 0;
   std::shared_ptr<SequenceHandle> handle;
+  // Timing, for the latency histograms and the request's log line.
+  Clock::time_point received = Clock::now();
+  std::optional<Clock::time_point> last_token;
+  double time_to_first_token = -1.0;
 
   // Engine-thread state.
   std::unique_ptr<StreamingDecoder> decoder;
@@ -398,8 +408,49 @@ Server::~Server() {
 
 void Server::send_error(httplib::Response& response, const ApiError& error, const std::string& route) {
   response.status = error.status;
+  // A full queue clears as sequences finish: clients may retry soon.
+  if (error.status == 429) response.set_header("Retry-After", "1");
   response.set_content(dump(error_body(error)), "application/json");
   metrics_.count_request(route, error.status);
+  log_request(route, error.status, error.what());
+}
+
+nlohmann::json Server::tokenize(const nlohmann::json& body) const {
+  if (!body.is_object()) throw invalid_request("the request body must be a JSON object");
+  if (!body.contains("content") || !body["content"].is_string()) throw invalid_request("'content' must be a string", "content");
+  auto flag = [&](const char* key) {
+    if (!body.contains(key) || body[key].is_null()) return false;
+    if (!body[key].is_boolean()) throw invalid_request(fmt::format("'{}' must be true or false", key), key);
+    return body[key].get<bool>();
+  };
+  const bool add_special = flag("add_special"), with_pieces = flag("with_pieces");
+  std::vector<int32_t> ids;
+  if (add_special) ids.push_back(state_->model.bos_token_id);
+  const std::vector<int32_t> text_ids = state_->tokenizer->encode(body["content"].get_ref<const std::string&>());
+  ids.insert(ids.end(), text_ids.begin(), text_ids.end());
+  json tokens = json::array();
+  for (const int32_t id : ids) {
+    if (with_pieces) tokens.push_back({{"id", id}, {"piece", token_piece(*state_->tokenizer, id)}});
+    else tokens.push_back(id);
+  }
+  return {{"tokens", tokens}};
+}
+
+nlohmann::json Server::detokenize(const nlohmann::json& body) const {
+  if (!body.is_object()) throw invalid_request("the request body must be a JSON object");
+  if (!body.contains("tokens") || !body["tokens"].is_array()) throw invalid_request("'tokens' must be a list of token ids", "tokens");
+  std::vector<int32_t> ids;
+  for (const json& id : body["tokens"]) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= state_->model.vocab_size) {
+      throw invalid_request(fmt::format("'tokens' holds {}, not a token id below {}", json_excerpt(id), state_->model.vocab_size), "tokens");
+    }
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return {{"content", state_->tokenizer->decode(ids)}};
+}
+
+void Server::log_request(const std::string& route, int status, const std::string& detail) const {
+  if (options_.log_requests) fmt::print(stderr, "gemma4rt serve: {} {} {}\n", route, status, detail);
 }
 
 bool Server::authorized(const httplib::Request& request, httplib::Response& response) {
@@ -478,6 +529,57 @@ void Server::start() {
     }
     response.set_content(dump(model_object()), "application/json");
     metrics_.count_request("/v1/models", 200);
+  });
+  // llama-server's tokenizer routes: {"content", "add_special", "with_pieces"} -> {"tokens"}, and
+  // {"tokens"} -> {"content"}.
+  for (const bool encode : {true, false}) {
+    const std::string route = encode ? "/tokenize" : "/detokenize";
+    http.Post(route, [this, encode, route](const httplib::Request& request, httplib::Response& response, const httplib::ContentReader& reader) {
+      if (!authorized(request, response)) return;
+      if (!ready_.load()) {
+        send_error(response, ApiError(503, "server_error", "the model is still loading"), route);
+        return;
+      }
+      auto body = read_body(request, response, reader, options_.max_body_bytes);
+      if (const BodyError* error = std::get_if<BodyError>(&body)) {
+        send_error(response, ApiError(error->status, "invalid_request_error", error->message), route);
+        return;
+      }
+      try {
+        json parsed;
+        try {
+          parsed = parse_json(std::get<std::string>(body), "the request body");
+        } catch (const Error& error) {
+          throw invalid_request(error.what());
+        }
+        const json answer = encode ? tokenize(parsed) : detokenize(parsed);
+        response.set_content(dump(answer), "application/json");
+        metrics_.count_request(route, 200);
+        log_request(route, 200, fmt::format("{} tokens", answer.contains("tokens") ? answer["tokens"].size() : parsed["tokens"].size()));
+      } catch (const ApiError& error) {
+        send_error(response, error, route);
+      }
+    });
+  }
+  // Model facts a client needs before sending requests (llama-server's /props, in our terms).
+  http.Get("/props", [this](const httplib::Request& request, httplib::Response& response) {
+    if (!authorized(request, response)) return;
+    if (!ready_.load()) {
+      send_error(response, ApiError(503, "server_error", "the model is still loading"), "/props");
+      return;
+    }
+    const ServedModel& model = state_->model;
+    response.set_content(dump({{"model", model.id},
+                                {"n_ctx", model.context_tokens},
+                                {"total_slots", model.slots},
+                                {"backend", model.backend},
+                                {"vocab_size", model.vocab_size},
+                                {"bos_token_id", model.bos_token_id},
+                                {"eos_token_ids", model.eos_token_ids},
+                                {"max_body_bytes", options_.max_body_bytes},
+                                {"version", GEMMA4RT_VERSION}}),
+                         "application/json");
+    metrics_.count_request("/props", 200);
   });
   for (const bool chat : {true, false}) {
     const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
@@ -595,11 +697,19 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
   sequence.top_logprobs = request.logprobs;
   const double timeout = request.timeout_seconds.value_or(options_.request_timeout_seconds);
   if (timeout > 0) sequence.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
-  sequence.on_token = [session](const TokenEvent& event) {
+  sequence.on_token = [this, session](const TokenEvent& event) {
     Session& s = *session;
+    const Clock::time_point now = Clock::now();
     {
       std::lock_guard<std::mutex> lock(s.mutex);
       ++s.completion_tokens;
+      if (s.last_token) {
+        metrics_.observe_inter_token_latency(std::chrono::duration<double>(now - *s.last_token).count());
+      } else {
+        s.time_to_first_token = std::chrono::duration<double>(now - s.received).count();
+        metrics_.observe_time_to_first_token(s.time_to_first_token);
+      }
+      s.last_token = now;
     }
     Piece piece;
     piece.token = event.token;
@@ -660,15 +770,25 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
   auto shared_request = std::make_shared<ParsedRequest>(std::move(request));
   auto builder = std::make_shared<ResponseBuilder>(*shared_request, state, id);
   auto done = std::make_shared<bool>(false);
-  auto finished_once = [this, session, done]() {
+  const size_t prompt_tokens = shared_request->prompt_tokens.size();
+  auto finished_once = [this, session, done, route, prompt_tokens]() {
     if (*done) return;
     *done = true;
     int completion_tokens = 0;
+    double time_to_first_token = -1.0;
+    std::string reason;
     {
       std::lock_guard<std::mutex> lock(session->mutex);
       completion_tokens = session->completion_tokens;
+      time_to_first_token = session->time_to_first_token;
+      reason = session->finished ? session->finish_reason : "client gone";
     }
+    const double seconds = std::chrono::duration<double>(Clock::now() - session->received).count();
     metrics_.add_completion_tokens(completion_tokens);
+    metrics_.observe_request_latency(seconds);
+    log_request(route, 200,
+                fmt::format("tokens in {} out {}, first token {}, {:.3f} s, {}", prompt_tokens, completion_tokens,
+                            time_to_first_token >= 0 ? fmt::format("{:.3f} s", time_to_first_token) : "none", seconds, reason));
     active_responses_--;
   };
 

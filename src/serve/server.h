@@ -29,6 +29,7 @@ struct ServerOptions {
   double request_timeout_seconds = 600.0;
   size_t max_body_bytes = size_t{8} << 20;
   int http_threads = 0;                // connections served at once; 0: far more than any running and queued requests
+  bool log_requests = true;            // one stderr line per answered request (route, status, tokens, timings)
 };
 
 // What the server serves once loading finished.
@@ -57,6 +58,9 @@ class Server {
   void handle_completion(const httplib::Request& request, const std::string& body, httplib::Response& response, bool chat);
   bool authorized(const httplib::Request& request, httplib::Response& response);
   void send_error(httplib::Response& response, const ApiError& error, const std::string& route);
+  void log_request(const std::string& route, int status, const std::string& detail) const;
+  nlohmann::json tokenize(const nlohmann::json& body) const;    // throws ApiError
+  nlohmann::json detokenize(const nlohmann::json& body) const;  // throws ApiError
   nlohmann::json model_object() const;
 
   ServerOptions options_;

@@ -88,6 +88,8 @@ int serve_model(ServeFlags flags) {
     state->model.vocab_size = config.vocab_size;
     state->model.bos_token_id = config.bos_token_id;
     state->model.eos_token_ids = config.eos_token_ids;
+    state->model.backend = fmt::format("{} ({})", transformer->backend().name(), transformer->backend().kernels());
+    state->model.slots = flags.parallel;
     BatchScheduler::Options scheduler_options;
     scheduler_options.max_queue = flags.max_queue;
     scheduler_options.prefill_chunk = flags.prefill_chunk;

@@ -417,6 +417,40 @@ describe('openai client against tiny-e2b', () => {
     assert.equal(after.get('gemma4rt_sequences_in_flight'), 0);
     assert.equal(after.get('gemma4rt_kv_slots_in_use'), 0);
     assert.equal(after.get('gemma4rt_ready'), 1);
+    // Latency histograms: one first-token and one end-to-end observation per request, one inter-token
+    // gap per token after the first; +Inf buckets equal the counts.
+    const delta = (name) => after.get(name) - (before.get(name) ?? 0);
+    assert.equal(delta('gemma4rt_time_to_first_token_seconds_count'), 3);
+    assert.equal(delta('gemma4rt_e2e_request_latency_seconds_count'), 3);
+    assert.equal(delta('gemma4rt_inter_token_latency_seconds_count'), completion - 3);
+    assert.equal(delta('gemma4rt_generation_tokens_total'), completion);
+    for (const name of ['gemma4rt_time_to_first_token_seconds', 'gemma4rt_inter_token_latency_seconds', 'gemma4rt_e2e_request_latency_seconds']) {
+      assert.equal(after.get(`${name}_bucket{le="+Inf"}`), after.get(`${name}_count`), name);
+      assert.ok(after.get(`${name}_sum`) > 0, name);
+    }
+    // One log line per answered request, with its route, status and token counts.
+    assert.match(server.stderr(), /gemma4rt serve: \/v1\/completions 200 tokens in \d+ out \d+, first token [\d.]+ s, [\d.]+ s, (stop|length)/);
+  });
+
+  it('tokenizes and detokenizes (llama-server routes) and tells its properties', async () => {
+    const tokens = await postJson(server, '/tokenize', { content: 'The capital of France' });
+    assert.equal(tokens.status, 200, tokens.text);
+    assert.deepEqual(tokens.json.tokens, FRANCE_RAW.input_ids.slice(1, 1 + tokens.json.tokens.length));
+    const special = await postJson(server, '/tokenize', { content: 'The', add_special: true, with_pieces: true });
+    assert.equal(special.json.tokens[0].id, 2);
+    assert.equal(special.json.tokens[1].piece, 'The');
+    const text = await postJson(server, '/detokenize', { tokens: tokens.json.tokens });
+    assert.equal(text.status, 200, text.text);
+    assert.equal(text.json.content, 'The capital of France');
+    assertErrorResponse(await postJson(server, '/detokenize', { tokens: [1, 99999999] }), { status: 400, type: 'invalid_request_error', what: 'id out of range' });
+    assertErrorResponse(await postJson(server, '/tokenize', { text: 'x' }), { status: 400, type: 'invalid_request_error', what: 'no content' });
+    const props = await request(server.url('/props'));
+    assert.equal(props.status, 200);
+    assert.equal(props.json.model, 'tiny-e2b');
+    assert.equal(props.json.total_slots, 4);
+    assert.equal(props.json.vocab_size, 1024);
+    assert.match(props.json.backend, /^cpu/);
+    assert.ok(props.json.n_ctx > 0);
   });
 });
 
@@ -916,6 +950,7 @@ describe('queue limit (--parallel 1 --max-queue 0)', () => {
       assert.equal(events.length, 2, 'the long request is running');
       const refused = await postJson(server, '/v1/chat/completions', { messages: FRANCE.messages });
       assertErrorResponse(refused, { status: 429, type: 'rate_limit_error', what: 'second request' });
+      assert.equal(refused.headers.get('retry-after'), '1');
       await assert.rejects(clientFor(server).completions.create({ model: 'tiny-e2b', prompt: 'hi' }), (error) => {
         assert.ok(error instanceof OpenAI.RateLimitError, `got ${error.constructor.name}`);
         return true;
