@@ -759,6 +759,35 @@ describe('bad input', () => {
     assert.equal(health.status, 200);
   });
 
+  it('answers 150 seeded mutations of a chat body without a 5xx, and stays up', async () => {
+    // A linear congruential generator: the same cases on every run (the seed is in the failure message).
+    let state = 12345;
+    const next = (n) => { state = (state * 1103515245 + 12345) % 2147483648; return state % n; };
+    const odd = ['1e999', '-1', '18446744073709551616', '"x"', '[]', '{}', 'null', 'true', '"\\ud800"', '['.repeat(3000) + ']'.repeat(3000)];
+    const original = JSON.stringify({ messages: [...messages, { role: 'assistant', content: 'Paris.' }, { role: 'user', content: 'And Spain?' }],
+      temperature: 0, max_tokens: 3, stop: ['x'], logprobs: true, top_logprobs: 2 });
+    for (let seed = 0; seed < 150; ++seed) {
+      const bytes = Buffer.from(original);
+      let body;
+      const at = next(bytes.length);
+      switch (next(4)) {
+        case 0: bytes[at] = next(256); body = bytes; break;                                   // a byte, often invalid UTF-8
+        case 1: body = bytes.subarray(0, at); break;                                          // truncated
+        case 2: body = Buffer.concat([bytes.subarray(0, at), Buffer.from(odd[next(odd.length)]), bytes.subarray(at)]); break;
+        default: {                                                                            // a value replaced
+          const text = original;
+          const start = text.indexOf(':', at) + 1 || 1;
+          const end = Math.min(...[',', '}', ']'].map((c) => { const i = text.indexOf(c, start); return i < 0 ? text.length : i; }));
+          body = Buffer.from(text.slice(0, start) + odd[next(odd.length)] + text.slice(end));
+        }
+      }
+      const response = await request(server.url('/v1/chat/completions'), { method: 'POST', body, headers: { 'Content-Type': 'application/json' } });
+      assert.ok(response.status < 500, `seed ${seed}: status ${response.status}: ${response.text.slice(0, 200)}`);
+      if (response.status >= 400) assert.ok(isErrorObject(response), `seed ${seed}: ${response.text.slice(0, 200)}`);
+    }
+    assert.equal((await request(server.url('/health'))).status, 200);
+  });
+
   it('rejects prompts longer than the context', async () => {
     const long = 'The capital of France is Paris. '.repeat(20);
     const chatResponse = await chat({ messages: [{ role: 'user', content: long }] });
