@@ -5,6 +5,7 @@
 //   GEMMA4RT_BINARY=build/gemma4rt GEMMA4RT_MODELS=models node --test tests/e2e/server.test.mjs
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -891,6 +892,23 @@ describe('bad input', () => {
     const body = JSON.stringify({ prompt: 'hi', max_tokens: 1 });
     const conflicting = await rawExchange(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nContent-Length: 3\r\n\r\n${body}`);
     assert.match(conflicting, /^HTTP\/1\.1 400/, conflicting.slice(0, 200));
+  });
+
+  it('drops half-sent requests after 5 s, serves others meanwhile and ends idle HTTP threads', async () => {
+    const threads = () => Number(/Threads:\s+(\d+)/.exec(readFileSync(`/proc/${server.child.pid}/status`, 'utf8'))[1]);
+    const idle = threads();
+    const started = Date.now();
+    await rawExchange('GET /hea', { timeoutMs: 15000, untilClose: true });
+    const closedAfter = (Date.now() - started) / 1000;
+    assert.ok(closedAfter > 4 && closedAfter < 8, `a half-sent request was closed after ${closedAfter} s`);
+    // 150 such clients at once each hold a thread until their read times out; a normal request is
+    // still answered within a second.
+    const halves = Array.from({ length: 150 }, () => rawExchange('GET /hea', { timeoutMs: 15000, untilClose: true }).catch(() => ''));
+    await waitFor(() => threads() >= idle + 50, 3000, 'threads for the slow clients');
+    assert.equal((await request(server.url('/health'), { timeoutMs: 1000 })).status, 200);
+    await Promise.all(halves);
+    // Idle threads end 10 s after their last connection.
+    await waitFor(() => threads() <= idle + 5, 25000, 'the idle HTTP threads to end');
   });
 
   it('refuses a second server on the same port', async () => {
