@@ -247,23 +247,8 @@ void BatchScheduler::emit(Sequence& sequence, float* logits, const int32_t* gree
   TokenEvent event;
   if (request.top_logprobs >= 0) {
     // Log-probabilities of the model itself: the softcapped logits, before penalties and temperature.
-    float maximum = *std::max_element(logits, logits + vocab);
-    double total = 0.0;
-    for (int i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i] - maximum));
-    const float log_total = maximum + static_cast<float>(std::log(total));
-    std::vector<TokenLogprob> best;
-    for (int i = 0; i < vocab; ++i) {
-      const TokenLogprob candidate{i, logits[i] - log_total};
-      if (static_cast<int>(best.size()) < request.top_logprobs) {
-        best.push_back(candidate);
-        std::push_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
-      } else if (request.top_logprobs > 0 && candidate.logprob > best.front().logprob) {
-        std::pop_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
-        best.back() = candidate;
-        std::push_heap(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob > b.logprob; });
-      }
-    }
-    std::sort(best.begin(), best.end(), [](auto& a, auto& b) { return a.logprob != b.logprob ? a.logprob > b.logprob : a.token < b.token; });
+    float log_total = 0.0f;
+    std::vector<TokenLogprob> best = top_logprobs(std::span<const float>(logits, vocab), request.top_logprobs, log_total);
     event.top_logprobs = std::move(best);
     event.logprob = log_total;  // replaced by the chosen token's value below
   }

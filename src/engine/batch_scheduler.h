@@ -24,11 +24,6 @@
 
 namespace gemma4rt {
 
-struct TokenLogprob {
-  int32_t token = 0;
-  float logprob = 0.0f;
-};
-
 // What the engine reports for each generated token, on the engine thread.
 struct TokenEvent {
   int32_t token = 0;

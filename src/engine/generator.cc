@@ -19,14 +19,27 @@ GenerationResult generate(Transformer& transformer, std::span<const int32_t> pro
   using Clock = std::chrono::steady_clock;
   auto elapsed_ms = [](Clock::time_point since) { return std::chrono::duration<double, std::milli>(Clock::now() - since).count(); };
   Sampler sampler(options.sampling);
-  // Greedy decoding takes the argmax on the device (only the id comes back); sampling needs the logits.
-  const bool greedy = options.sampling.greedy();
-  auto next = [&](std::span<const int32_t> tokens, int at) {
-    return greedy ? transformer.forward_greedy(tokens, at) : sampler.sample(transformer.forward(tokens, at));
-  };
+  // Greedy decoding takes the argmax on the device (only the id comes back); sampling and logprobs need
+  // the logits.
+  const bool logprobs = options.top_logprobs >= 0;
+  const bool argmax_only = options.sampling.greedy() && !logprobs;
   GenerationResult result;
+  auto next = [&](std::span<const int32_t> tokens, int at) {
+    if (argmax_only) return transformer.forward_greedy(tokens, at);
+    const std::span<const float> logits = transformer.forward(tokens, at);
+    const int32_t token = sampler.sample(logits);
+    if (logprobs) {
+      GeneratedLogprobs entry;
+      float log_normaliser = 0.0f;
+      entry.top = top_logprobs(logits, options.top_logprobs, log_normaliser);
+      entry.logprob = logits[static_cast<size_t>(token)] - log_normaliser;
+      result.logprobs.push_back(std::move(entry));
+    }
+    return token;
+  };
   result.finish_reason = "length";
   if (options.max_tokens == 0) return result;
+  if (options.top_logprobs > 20) fail("at most 20 alternative log-probabilities per token, asked for {}", options.top_logprobs);
 
   auto start = Clock::now();
   int32_t token = next(prompt, 0);

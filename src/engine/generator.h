@@ -18,10 +18,19 @@ struct GenerationOptions {
   SamplingOptions sampling;
   bool ignore_eos = false;
   std::vector<int> stop_token_ids;   // usually the checkpoint's eos ids
+  int top_logprobs = -1;             // >= 0: each token's log-probability and that many alternatives
+};
+
+// A generated token's log-probability under the model (softcapped logits, before temperature) and
+// the most likely alternatives at that step.
+struct GeneratedLogprobs {
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;
 };
 
 struct GenerationResult {
   std::vector<int32_t> tokens;       // generated ids, the stop token included when one ended generation
+  std::vector<GeneratedLogprobs> logprobs;  // one per token, when options.top_logprobs >= 0
   std::string finish_reason;         // "stop" or "length"
   double prefill_ms = 0.0;
   double decode_ms = 0.0;

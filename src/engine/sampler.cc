@@ -5,6 +5,31 @@
 
 namespace gemma4rt {
 
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count, float& log_normaliser) {
+  const float maximum = *std::max_element(logits.begin(), logits.end());
+  double total = 0.0;
+  for (const float logit : logits) total += std::exp(static_cast<double>(logit - maximum));
+  log_normaliser = maximum + static_cast<float>(std::log(total));
+  // A min-heap of the best `count` so far: one pass over the vocabulary.
+  const auto better = [](const TokenLogprob& a, const TokenLogprob& b) { return a.logprob > b.logprob; };
+  std::vector<TokenLogprob> best;
+  for (int i = 0; i < static_cast<int>(logits.size()) && count > 0; ++i) {
+    const TokenLogprob candidate{i, logits[static_cast<size_t>(i)] - log_normaliser};
+    if (static_cast<int>(best.size()) < count) {
+      best.push_back(candidate);
+      std::push_heap(best.begin(), best.end(), better);
+    } else if (candidate.logprob > best.front().logprob) {
+      std::pop_heap(best.begin(), best.end(), better);
+      best.back() = candidate;
+      std::push_heap(best.begin(), best.end(), better);
+    }
+  }
+  std::sort(best.begin(), best.end(), [](const TokenLogprob& a, const TokenLogprob& b) {
+    return a.logprob != b.logprob ? a.logprob > b.logprob : a.token < b.token;
+  });
+  return best;
+}
+
 int32_t argmax(std::span<const float> logits) {
   int32_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i) {

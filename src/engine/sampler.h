@@ -23,6 +23,15 @@ struct SamplingOptions {
 
 int32_t argmax(std::span<const float> logits);
 
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+// The `count` most likely tokens of `logits` as log-probabilities, most likely first (ties: the lower
+// id first); `log_normaliser` receives log(sum(exp(logits))), so log p(t) = logits[t] - log_normaliser.
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count, float& log_normaliser);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "engine/generator.h"
 #include "model/weights.h"
+#include "serve/output_parser.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
@@ -31,6 +32,7 @@ struct RunFlags {
   bool ignore_eos = false;
   int context_tokens = 4096;
   bool json = false;
+  int logprobs = -1;
   EngineFlags engine;
 };
 
@@ -93,15 +95,38 @@ int run(const RunFlags& flags) {
   options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.min_p, flags.seed};
   options.ignore_eos = flags.ignore_eos;
   options.stop_token_ids.assign(config.eos_token_ids.begin(), config.eos_token_ids.end());
+  options.top_logprobs = flags.logprobs;
 
+  // With --thinking the output is parsed as the server parses it: the thought channel is reasoning,
+  // streamed to stderr (its own stream), and the answer alone goes to stdout; --json gets "reasoning".
+  const bool separate_reasoning = flags.thinking && !flags.chat.empty() && tokenizer.has_value();
   std::optional<StreamingDecoder> stream;
-  if (tokenizer && !flags.json && prints) stream.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  std::optional<serve::StreamingOutputParser> parser;
+  if (tokenizer && !flags.json && prints) stream.emplace(*tokenizer, /*skip_special_tokens=*/!separate_reasoning);
+  if (separate_reasoning) parser.emplace();
+  auto show = [&](const std::string& text, bool last) {
+    if (!parser) {
+      fmt::print("{}", text);
+      return;
+    }
+    serve::OutputDelta delta = parser->push(text);
+    if (last) {
+      const serve::OutputDelta rest = parser->finish();
+      delta.reasoning += rest.reasoning;
+      delta.content += rest.content;
+    }
+    if (!delta.reasoning.empty()) {
+      fmt::print(stderr, "{}", delta.reasoning);
+      std::fflush(stderr);
+    }
+    fmt::print("{}", delta.content);
+  };
   auto on_token = [&](int32_t token) {
     if (stream) {
       const bool stops = !flags.ignore_eos && std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), token) !=
                                                   options.stop_token_ids.end();
       if (!stops) {
-        fmt::print("{}", stream->push(token));
+        show(stream->push(token), false);
         std::fflush(stdout);
       }
     }
@@ -117,7 +142,29 @@ int run(const RunFlags& flags) {
     nlohmann::json output;
     output["prompt_tokens"] = prompt_tokens;
     output["tokens"] = result.tokens;
-    output["text"] = tokenizer ? tokenizer->decode(text_tokens, /*skip_special_tokens=*/true) : std::string();
+    if (separate_reasoning) {
+      const serve::ParsedOutput parsed = serve::parse_output(tokenizer->decode(text_tokens, /*skip_special_tokens=*/false));
+      output["text"] = parsed.content;
+      output["reasoning"] = parsed.reasoning ? nlohmann::json(*parsed.reasoning) : nlohmann::json(nullptr);
+    } else {
+      output["text"] = tokenizer ? tokenizer->decode(text_tokens, /*skip_special_tokens=*/true) : std::string();
+    }
+    if (flags.logprobs >= 0) {
+      // Per generated token: its log-probability and the top alternatives, as the server's logprobs.
+      auto entry = [&](int32_t token, float logprob) {
+        nlohmann::json item = {{"id", token}, {"logprob", logprob}};
+        if (tokenizer) item["token"] = tokenizer->token_text(token);
+        return item;
+      };
+      nlohmann::json logprobs = nlohmann::json::array();
+      for (size_t index = 0; index < result.logprobs.size(); ++index) {
+        nlohmann::json item = entry(result.tokens[index], result.logprobs[index].logprob);
+        item["top_logprobs"] = nlohmann::json::array();
+        for (const TokenLogprob& alternative : result.logprobs[index].top) item["top_logprobs"].push_back(entry(alternative.token, alternative.logprob));
+        logprobs.push_back(std::move(item));
+      }
+      output["logprobs"] = std::move(logprobs);
+    }
     output["finish_reason"] = result.finish_reason;
     output["timings"] = {{"prefill_ms", result.prefill_ms},
                          {"decode_ms", result.decode_ms},
@@ -125,7 +172,7 @@ int run(const RunFlags& flags) {
     // Invalid UTF-8 in generated text is replaced rather than aborting the dump.
     fmt::print("{}\n", output.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
-    if (stream) fmt::print("{}", stream->finish());
+    if (stream) show(stream->finish(), true);
     if (!tokenizer) fmt::print("{}", fmt::join(result.tokens, ","));
     fmt::print("\n");
   }
@@ -155,6 +202,9 @@ Action add_run_command(CLI::App& app) {
   command->add_option("--ctx", flags->context_tokens, "Context length: KV cache positions allocated at load")->check(at_least_one());
   flags->engine.add_to(*command);
   command->add_flag("--json", flags->json, "Print one JSON object with tokens, text, finish reason and timings");
+  command->add_option("--logprobs", flags->logprobs,
+                      "With --json: each generated token's log-probability and the N most likely alternatives (0-20)")
+      ->check(CLI::Range(0, 20));
   command->callback([command] {
     if (command->count("--prompt") + command->count("--chat") + command->count("--prompt-ids") != 1) {
       throw CLI::ValidationError("run", "give exactly one of --prompt, --chat or --prompt-ids");

@@ -182,6 +182,38 @@ TEST(CoherenceAgent, ThinkingPromptRenderedFromChatFlag) {
   }
 }
 
+// --thinking keeps the reasoning apart: its own stream (stderr) when streaming, a "reasoning" field in
+// --json; the answer alone is the text. --logprobs N gives each token's log-probability and N alternatives.
+TEST(RunCommand, ThinkingApartAndLogprobs) {
+  const auto model_dir = kModels / "tiny-e2b-agent";
+  const nlohmann::json fixture = read_json_file(model_dir / "coherence.json");
+  for (const auto& prompt : fixture["prompts"]) {
+    if (prompt["kind"] != "chat_thinking") continue;
+    const std::string question = prompt["messages"][0]["content"];
+    const nlohmann::json output =
+        run_json({"--model", model_dir.string(), "--chat", question, "--thinking", "--max-tokens", "60", "--logprobs", "2"});
+    EXPECT_EQ(output["tokens"], prompt["output_ids"]);
+    const std::string with_special = prompt["output_text_with_special_tokens"];
+    const size_t open = with_special.find("thought\n") + 8, close = with_special.find("<channel|>");
+    EXPECT_EQ(output["reasoning"], with_special.substr(open, close - open));
+    EXPECT_EQ(output["text"], with_special.substr(close + 10, with_special.find("<turn|>") - close - 10));
+    ASSERT_EQ(output["logprobs"].size(), output["tokens"].size());
+    for (size_t i = 0; i < output["tokens"].size(); ++i) {
+      const auto& entry = output["logprobs"][i];
+      EXPECT_EQ(entry["id"], output["tokens"][i]);
+      ASSERT_EQ(entry["top_logprobs"].size(), 2u);
+      EXPECT_EQ(entry["top_logprobs"][0]["id"], entry["id"]);  // greedy: the chosen token is the most likely
+      EXPECT_LE(entry["logprob"].get<double>(), 0.0);
+      EXPECT_GE(entry["top_logprobs"][0]["logprob"].get<double>(), entry["top_logprobs"][1]["logprob"].get<double>());
+    }
+    const CommandResult streamed = run_gemma4rt({"run", "--model", model_dir.string(), "--chat", question, "--thinking", "--max-tokens", "60"});
+    ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
+    EXPECT_EQ(streamed.out, output["text"].get<std::string>() + "\n");
+    EXPECT_NE(streamed.err.find(output["reasoning"].get<std::string>()), std::string::npos) << streamed.err;
+    break;
+  }
+}
+
 // --version, and every --help shows the defaults of its options.
 TEST(RunCommand, VersionAndDefaultsInHelp) {
   const CommandResult version = run_gemma4rt({"--version"});

@@ -900,12 +900,12 @@ describe('bad input', () => {
     const started = Date.now();
     await rawExchange('GET /hea', { timeoutMs: 15000, untilClose: true });
     const closedAfter = (Date.now() - started) / 1000;
-    assert.ok(closedAfter > 4 && closedAfter < 8, `a half-sent request was closed after ${closedAfter} s`);
+    assert.ok(closedAfter > 4 && closedAfter < 12, `a half-sent request was closed after ${closedAfter} s`);
     // 150 such clients at once each hold a thread until their read times out; a normal request is
-    // still answered within a second.
+    // still answered at once (within 1 s on an idle machine; 2 s leaves room for a loaded CI machine).
     const halves = Array.from({ length: 150 }, () => rawExchange('GET /hea', { timeoutMs: 15000, untilClose: true }).catch(() => ''));
     await waitFor(() => threads() >= idle + 50, 3000, 'threads for the slow clients');
-    assert.equal((await request(server.url('/health'), { timeoutMs: 1000 })).status, 200);
+    assert.equal((await request(server.url('/health'), { timeoutMs: 2000 })).status, 200);
     await Promise.all(halves);
     // Idle threads end 10 s after their last connection.
     await waitFor(() => threads() <= idle + 5, 25000, 'the idle HTTP threads to end');
