@@ -10,9 +10,7 @@ namespace gemma4rt {
 namespace {
 
 // Thrown from the parser callback: stops the parse at the first level too deep.
-struct TooDeep {
-  int depth;
-};
+struct TooDeep {};
 
 }  // namespace
 
@@ -21,7 +19,7 @@ nlohmann::json parse_json(std::string_view text, std::string_view source, int ma
   const nlohmann::json::parser_callback_t bound = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     if (event == nlohmann::json::parse_event_t::key && parsed.is_string()) last_key = parsed.get<std::string>();
     if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) && depth >= max_depth) {
-      throw TooDeep{depth + 1};
+      throw TooDeep{};
     }
     return true;
   };
