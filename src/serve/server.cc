@@ -1,6 +1,5 @@
 #include "serve/server.h"
 
-#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cerrno>
@@ -12,9 +11,6 @@
 #include <thread>
 #include <variant>
 
-// httplib listens with a backlog of 5: a burst of connections (a batch of clients starting together)
-// would see dropped SYNs and second-long retransmits before the listener accepts them.
-#define CPPHTTPLIB_LISTEN_BACKLOG 1024
 #include <httplib.h>
 
 #include <fmt/format.h>
@@ -131,10 +127,9 @@ std::string dump(const json& value) { return value.dump(-1, ' ', false, json::er
 
 std::string sse(const json& data) { return "data: " + dump(data) + "\n\n"; }
 
-// HTTP worker threads, started as connections need them and reused; a thread idle for kIdleThread
-// ends, so a burst of connections does not keep thousands of threads for the life of the server. A
-// fixed pool would let long streams and queued requests (each holds its connection's thread) take
-// every thread, so /health, /metrics and the 429 of a full queue would wait behind them unanswered.
+// HTTP worker threads, started as connections need them and kept for reuse. A fixed pool lets long
+// streams and queued requests (each holds its connection's thread) take every thread, so /health,
+// /metrics and the 429 of a full queue would wait behind them unanswered.
 class ConnectionThreads : public httplib::TaskQueue {
  public:
   explicit ConnectionThreads(size_t max_threads) : max_threads_(std::max<size_t>(1, max_threads)) {}
@@ -142,16 +137,14 @@ class ConnectionThreads : public httplib::TaskQueue {
   void enqueue(std::function<void()> job) override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      reap_exited();
-      const size_t available = live_ - busy_;
-      if (jobs_.size() + 1 > available && live_ < max_threads_) {
+      const size_t available = threads_.size() - busy_;
+      if (jobs_.size() + 1 > available && threads_.size() < max_threads_) {
         try {
           threads_.emplace_back([this] { work(); });
-          ++live_;
         } catch (const std::system_error&) {
           // No thread to be had: the connection waits for a running one. With none at all, there is
           // nothing better than to serve it here, on the listener.
-          if (live_ == 0) job_to_run_here_ = true;
+          if (threads_.empty()) job_to_run_here_ = true;
         }
       }
       if (!job_to_run_here_) jobs_.push_back(std::move(job));
@@ -175,28 +168,14 @@ class ConnectionThreads : public httplib::TaskQueue {
     threads_.clear();
   }
 
-  size_t live_threads() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return live_;
-  }
-
  private:
-  static constexpr auto kIdleThread = std::chrono::seconds(10);
-
   void work() {
     while (true) {
       std::function<void()> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        const bool woken = changed_.wait_for(lock, kIdleThread, [this] { return stopping_ || !jobs_.empty(); });
-        if (!woken || jobs_.empty()) {
-          // Idle too long, or stopping with every accepted connection served: this thread ends.
-          if (!stopping_) {
-            --live_;
-            exited_.push_back(std::this_thread::get_id());
-          }
-          return;
-        }
+        changed_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and every accepted connection was served
         job = std::move(jobs_.front());
         jobs_.pop_front();
         ++busy_;
@@ -207,24 +186,11 @@ class ConnectionThreads : public httplib::TaskQueue {
     }
   }
 
-  // Joins threads that ended idle (they have returned from work(), so join does not wait long).
-  void reap_exited() {
-    for (const std::thread::id id : exited_) {
-      auto found = std::find_if(threads_.begin(), threads_.end(), [id](const std::thread& thread) { return thread.get_id() == id; });
-      if (found == threads_.end()) continue;
-      found->join();
-      threads_.erase(found);
-    }
-    exited_.clear();
-  }
-
   const size_t max_threads_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::function<void()>> jobs_;
   std::vector<std::thread> threads_;
-  std::vector<std::thread::id> exited_;  // ended idle, not yet joined
-  size_t live_ = 0;                      // threads running work()
   size_t busy_ = 0;
   bool stopping_ = false;
   bool job_to_run_here_ = false;  // only touched by the listener thread, the one caller of enqueue()
@@ -507,9 +473,7 @@ void Server::start() {
     const int yes = 1;
     setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof(yes));
   });
-  // A request line, headers or body that stall for 5 s end the connection: a client that sends half a
-  // request must not hold a thread for long.
-  http.set_read_timeout(5, 0);
+  http.set_read_timeout(30, 0);
   // A client that announces a body over the limit gets the 413 instead of "100 Continue".
   http.set_expect_100_continue_handler([max_bytes = options_.max_body_bytes](const httplib::Request& request, httplib::Response& response) {
     if (request.get_header_value<uint64_t>("Content-Length") > max_bytes) {
