@@ -69,6 +69,21 @@ class VulkanOps : public ::testing::Test {
       ASSERT_NEAR(actual[i], expected[i], absolute + relative * std::fabs(expected[i])) << "element " << i;
     }
   }
+  // y = x W^T for `tokens` rows: the reference multiplies `rounded` (the weights as the format stores
+  // them) in f32; Vulkan gets `weights` in `format`. fp32 rounding of sums of `cols` products.
+  void expect_same_product(const std::vector<float>& weights, const std::vector<float>& rounded, const std::vector<float>& x, int rows,
+                           int cols, int tokens, WeightFormat format) {
+    expect_same(
+        [&](Backend& device) {
+          const bool is_reference = device.name() == "reference";
+          const backend::Weight weight = device.prepare_weight(f32_view(is_reference ? rounded : weights, rows, cols), format);
+          const Buffer input = device.upload_constant(x);
+          const Buffer output = device.allocate(static_cast<size_t>(tokens) * rows * sizeof(float));
+          device.matmul(input, tokens, weight, output);
+          return read(device, output, static_cast<size_t>(tokens) * rows);
+        },
+        2e-5f * std::sqrt(static_cast<float>(cols)), 1e-5f);
+  }
   std::unique_ptr<Backend> reference_, vulkan_;
 };
 
@@ -99,16 +114,7 @@ TEST_F(VulkanOps, MatmulInEveryWeightFormat) {
         const std::vector<float> weights = random_values(static_cast<size_t>(rows) * cols, 11);
         const std::vector<float> rounded = as_stored(weights, rows, cols, format);
         const std::vector<float> x = random_values(static_cast<size_t>(tokens) * cols, 12);
-        expect_same(
-            [&](Backend& device) {
-              const bool is_reference = device.name() == "reference";
-              const backend::Weight weight = device.prepare_weight(f32_view(is_reference ? rounded : weights, rows, cols), format);
-              const Buffer input = device.upload_constant(x);
-              const Buffer output = device.allocate(static_cast<size_t>(tokens) * rows * sizeof(float));
-              device.matmul(input, tokens, weight, output);
-              return read(device, output, static_cast<size_t>(tokens) * rows);
-            },
-            2e-5f * std::sqrt(static_cast<float>(cols)), 1e-5f);
+        expect_same_product(weights, rounded, x, rows, cols, tokens, format);
       }
     }
   }
@@ -125,16 +131,7 @@ TEST_F(VulkanOps, PrefillMatmulOnOddShapes) {
         for (const int tokens : {1, 7, 16, 33, 48, 64, 100, 257}) {
           SCOPED_TRACE(fmt::format("{} {}x{} tokens {}", format_name(format), rows, cols, tokens));
           const std::vector<float> x = random_values(static_cast<size_t>(tokens) * cols, 42);
-          expect_same(
-              [&](Backend& device) {
-                const bool is_reference = device.name() == "reference";
-                const backend::Weight weight = device.prepare_weight(f32_view(is_reference ? rounded : weights, rows, cols), format);
-                const Buffer input = device.upload_constant(x);
-                const Buffer output = device.allocate(static_cast<size_t>(tokens) * rows * sizeof(float));
-                device.matmul(input, tokens, weight, output);
-                return read(device, output, static_cast<size_t>(tokens) * rows);
-              },
-              2e-5f * std::sqrt(static_cast<float>(cols)), 1e-5f);
+          expect_same_product(weights, rounded, x, rows, cols, tokens, format);
         }
       }
     }
