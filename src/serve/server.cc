@@ -1,5 +1,6 @@
 #include "serve/server.h"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cerrno>
@@ -9,9 +10,14 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <variant>
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <fmt/format.h>
 
@@ -30,8 +36,34 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kHeartbeatInterval = std::chrono::milliseconds(250);
 
 // Connections served at once when ServerOptions::http_threads is 0: every open connection holds a thread
-// (running and queued requests, idle keep-alive ones), so this is far above any queue limit in use.
-constexpr size_t kMaxHttpThreads = 4096;
+// (running and queued requests, idle keep-alive ones, clients still sending), so this is far above any
+// queue limit in use. It is lowered to what the open-file limit leaves room for.
+constexpr size_t kMaxHttpThreads = 8192;
+// File descriptors kept for everything but connections (checkpoint files, logs, the listener).
+constexpr size_t kReservedDescriptors = 256;
+
+// Debian's httplib is a compiled library that listens with a backlog of 5: a burst of clients starting
+// together would see dropped SYNs and retransmits a second or more later.
+constexpr int kListenBacklog = 1024;
+
+// A request line, headers or body that stall this long end the connection: a client that sends half a
+// request must not hold a thread for long.
+constexpr auto kIncompleteRequestTimeout = std::chrono::seconds(5);
+
+// Raises the soft open-file limit to the hard one (every connection is a descriptor; the usual soft
+// limit of 1024 would refuse clients long before the thread cap) and returns the connections it allows.
+size_t connection_limit() {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0) return kMaxHttpThreads;
+  if (files.rlim_cur < files.rlim_max) {
+    rlimit raised = files;
+    raised.rlim_cur = files.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
+  }
+  if (files.rlim_cur == RLIM_INFINITY) return kMaxHttpThreads;
+  const size_t descriptors = static_cast<size_t>(files.rlim_cur);
+  return descriptors > 2 * kReservedDescriptors ? std::min(kMaxHttpThreads, descriptors - kReservedDescriptors) : descriptors / 2;
+}
 
 // The routes and their methods, for 405 answers.
 constexpr std::array<std::pair<std::string_view, std::string_view>, 8> kRoutes = {{{"/v1/chat/completions", "POST"},
@@ -127,9 +159,10 @@ std::string dump(const json& value) { return value.dump(-1, ' ', false, json::er
 
 std::string sse(const json& data) { return "data: " + dump(data) + "\n\n"; }
 
-// HTTP worker threads, started as connections need them and kept for reuse. A fixed pool lets long
-// streams and queued requests (each holds its connection's thread) take every thread, so /health,
-// /metrics and the 429 of a full queue would wait behind them unanswered.
+// HTTP worker threads, started as connections need them and reused; a thread idle for kIdleThread
+// ends, so a burst of connections does not keep thousands of threads for the life of the server. A
+// fixed pool would let long streams and queued requests (each holds its connection's thread) take
+// every thread, so /health, /metrics and the 429 of a full queue would wait behind them unanswered.
 class ConnectionThreads : public httplib::TaskQueue {
  public:
   explicit ConnectionThreads(size_t max_threads) : max_threads_(std::max<size_t>(1, max_threads)) {}
@@ -137,14 +170,19 @@ class ConnectionThreads : public httplib::TaskQueue {
   void enqueue(std::function<void()> job) override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      const size_t available = threads_.size() - busy_;
-      if (jobs_.size() + 1 > available && threads_.size() < max_threads_) {
+      reap_exited();
+      const size_t available = live_ - busy_;
+      if (jobs_.size() + 1 > available && live_ < max_threads_) {
         try {
-          threads_.emplace_back([this] { work(); });
+          // The new thread cannot end before it is recorded: it needs the lock held here.
+          std::thread thread([this] { work(); });
+          const std::thread::id id = thread.get_id();
+          threads_.emplace(id, std::move(thread));
+          ++live_;
         } catch (const std::system_error&) {
           // No thread to be had: the connection waits for a running one. With none at all, there is
           // nothing better than to serve it here, on the listener.
-          if (threads_.empty()) job_to_run_here_ = true;
+          if (live_ == 0) job_to_run_here_ = true;
         }
       }
       if (!job_to_run_here_) jobs_.push_back(std::move(job));
@@ -164,18 +202,27 @@ class ConnectionThreads : public httplib::TaskQueue {
     }
     changed_.notify_all();
     // The listener no longer enqueues: the list of threads is final.
-    for (std::thread& thread : threads_) thread.join();
+    for (auto& [id, thread] : threads_) thread.join();
     threads_.clear();
   }
 
  private:
+  static constexpr auto kIdleThread = std::chrono::seconds(10);
+
   void work() {
     while (true) {
       std::function<void()> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping, and every accepted connection was served
+        const bool woken = changed_.wait_for(lock, kIdleThread, [this] { return stopping_ || !jobs_.empty(); });
+        if (!woken || jobs_.empty()) {
+          // Idle too long, or stopping with every accepted connection served: this thread ends.
+          if (!stopping_) {
+            --live_;
+            exited_.push_back(std::this_thread::get_id());
+          }
+          return;
+        }
         job = std::move(jobs_.front());
         jobs_.pop_front();
         ++busy_;
@@ -186,11 +233,24 @@ class ConnectionThreads : public httplib::TaskQueue {
     }
   }
 
+  // Joins threads that ended idle (they have returned from work(), so join does not wait long).
+  void reap_exited() {
+    for (const std::thread::id id : exited_) {
+      auto found = threads_.find(id);
+      if (found == threads_.end()) continue;
+      found->second.join();
+      threads_.erase(found);
+    }
+    exited_.clear();
+  }
+
   const size_t max_threads_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
+  std::unordered_map<std::thread::id, std::thread> threads_;
+  std::vector<std::thread::id> exited_;  // ended idle, not yet joined
+  size_t live_ = 0;                      // threads running work()
   size_t busy_ = 0;
   bool stopping_ = false;
   bool job_to_run_here_ = false;  // only touched by the listener thread, the one caller of enqueue()
@@ -464,16 +524,18 @@ bool Server::authorized(const httplib::Request& request, httplib::Response& resp
 
 void Server::start() {
   httplib::Server& http = *http_;
-  const size_t threads = options_.http_threads > 0 ? static_cast<size_t>(options_.http_threads) : kMaxHttpThreads;
+  const size_t threads = options_.http_threads > 0 ? static_cast<size_t>(options_.http_threads) : connection_limit();
   http.new_task_queue = [threads] { return new ConnectionThreads(threads); };
   http.set_payload_max_length(options_.max_body_bytes);
   // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and take
   // part of its traffic. SO_REUSEADDR alone still allows a quick restart after this one exits.
-  http.set_socket_options([](socket_t socket) {
+  // The listening socket is the only one httplib passes here; it is kept to raise the backlog once bound.
+  http.set_socket_options([this](socket_t socket) {
     const int yes = 1;
     setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof(yes));
+    listening_socket_ = socket;
   });
-  http.set_read_timeout(30, 0);
+  http.set_read_timeout(kIncompleteRequestTimeout);
   // A client that announces a body over the limit gets the 413 instead of "100 Continue".
   http.set_expect_100_continue_handler([max_bytes = options_.max_body_bytes](const httplib::Request& request, httplib::Response& response) {
     if (request.get_header_value<uint64_t>("Content-Length") > max_bytes) {
@@ -630,6 +692,14 @@ void Server::start() {
     const int error = errno;
     if (error == EADDRINUSE) fail("cannot listen on {}:{}: port in use (another server is running there)", options_.host, options_.port);
     fail("cannot listen on {}:{}: {}", options_.host, options_.port, error != 0 ? std::strerror(error) : "not an address of this machine");
+  }
+  if (listening_socket_ >= 0) {
+    // listen() again on a listening socket only changes its backlog (Linux); a failure keeps httplib's 5.
+    ::listen(listening_socket_, kListenBacklog);
+    // A connection is handed over once its first bytes arrive: httplib waits for them by polling every
+    // 10 ms, so thousands of clients that connect and send nothing would keep the CPUs busy.
+    const int defer_seconds = static_cast<int>(kIncompleteRequestTimeout.count());
+    setsockopt(listening_socket_, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_seconds, sizeof(defer_seconds));
   }
   listener_ = std::make_unique<std::thread>([this] { http_->listen_after_bind(); });
 }

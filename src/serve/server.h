@@ -73,6 +73,7 @@ class Server {
   Metrics metrics_;
   int port_ = 0;
   std::unique_ptr<std::thread> listener_;
+  int listening_socket_ = -1;  // the bound socket httplib accepts on, seen through its socket-options hook
 };
 
 }  // namespace gemma4rt::serve

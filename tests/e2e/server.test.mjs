@@ -5,6 +5,7 @@
 //   GEMMA4RT_BINARY=build/gemma4rt GEMMA4RT_MODELS=models node --test tests/e2e/server.test.mjs
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -915,6 +916,47 @@ describe('bad input', () => {
 });
 
 // ---------------------------------------------------------------------------------------------------
+// Its own server: the thread counts start from a server that has served nothing yet.
+describe('slow clients', () => {
+  let server;
+  before(async () => {
+    server = await startServer('tiny-e2b', [...THREADS, '--ctx', '64']);
+  });
+  after(async () => server?.stop());
+  // Sends raw bytes and resolves when the server closes the connection (or after `timeoutMs`).
+  const halfRequest = (timeoutMs) => new Promise((resolve) => {
+    const socket = net.connect(server.port, '127.0.0.1');
+    const timer = setTimeout(() => { socket.destroy(); resolve(); }, timeoutMs);
+    socket.on('close', () => { clearTimeout(timer); resolve(); });
+    socket.on('error', () => {});
+    socket.write('GET /hea');
+  });
+
+  it('drops half-sent requests after 5 s, serves others meanwhile and ends idle HTTP threads', async () => {
+    const threads = () => Number(/Threads:\s+(\d+)/.exec(readFileSync(`/proc/${server.child.pid}/status`, 'utf8'))[1]);
+    const idle = threads();
+    const started = Date.now();
+    await halfRequest(15000);
+    const closedAfter = (Date.now() - started) / 1000;
+    assert.ok(closedAfter > 4 && closedAfter < 12, `a half-sent request was closed after ${closedAfter} s`);
+    // 2,000 such clients at once each hold a thread until their read times out (more than the usual
+    // 1,024 open files, and a burst beyond httplib's own listen backlog of 5); normal requests are still
+    // answered within 1 s meanwhile.
+    const halves = Array.from({ length: 2000 }, () => halfRequest(20000));
+    await waitFor(() => threads() >= idle + 1500, 10000, 'threads for the slow clients');
+    let start = Date.now();
+    assert.equal((await request(server.url('/health'), { timeoutMs: 1000 })).status, 200);
+    assert.ok(Date.now() - start < 1000, `/health took ${Date.now() - start} ms`);
+    start = Date.now();
+    const answer = await postJson(server, '/v1/completions', { prompt: 'The capital of France is', max_tokens: 4, temperature: 0 });
+    assert.equal(answer.status, 200, answer.text);
+    assert.ok(Date.now() - start < 1000, `a completion took ${Date.now() - start} ms`);
+    await Promise.all(halves);
+    // Idle threads end 10 s after their last connection.
+    await waitFor(() => threads() <= idle + 5, 25000, 'the idle HTTP threads to end');
+  });
+});
+
 describe('--api-key', () => {
   let server;
   before(async () => {
