@@ -48,7 +48,7 @@ void attention_benchmark(benchmark::State& state, bool derived, KvFormat format,
   device->store_kv(device->upload_constant(content), slots, kv_row, all_rows, values, slots, format);
   if (!derived) device->store_kv(device->upload_constant(content), slots, kv_row, all_rows, keys, slots, format);
 
-  backend::AttentionShape shape{kHeadDim, kKvHeads * kGroup, kKvHeads, 0, 0, kGroup, slots, 0, format};
+  backend::AttentionShape shape{kHeadDim, kKvHeads * kGroup, kKvHeads, 0, 0, kGroup, slots, 0, format, {}};
   if (derived) {
     shape.derived_keys = {device->upload_constant(random_floats(kHeadDim, 2)), device->upload_constant(rope.rotations(slots)),
                           rope.rotated_pairs()};

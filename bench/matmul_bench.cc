@@ -211,13 +211,16 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
   set->cols = cols;
   const size_t elements = static_cast<size_t>(rows) * cols;
   const size_t scale_count = static_cast<size_t>(rows) * q8_blocks_per_row(cols);
-  const size_t element_bytes = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
-  set->bytes_per_copy = elements * element_bytes + (format == WeightFormat::kQ8 ? scale_count * 4 : 0);
+  set->bytes_per_copy = static_cast<size_t>(weight_bytes(rows, cols, format));
+  const size_t value_bytes = format == WeightFormat::kQ4   ? static_cast<size_t>(rows * q4_row_bytes(cols))
+                             : format == WeightFormat::kF32 ? elements * 4
+                             : format == WeightFormat::kBF16 ? elements * 2
+                                                             : elements;
   size_t copies = 1;
   if (cold && set->bytes_per_copy < kColdWorkingSet / 2) copies = (kColdWorkingSet + set->bytes_per_copy - 1) / set->bytes_per_copy;
   uint64_t seed = 12345;
   for (size_t copy = 0; copy < copies; ++copy) {
-    Buffer values = allocate(elements * element_bytes);
+    Buffer values = allocate(value_bytes);
     Buffer scales;
     WeightMatrix matrix{format, rows, cols, values.get(), nullptr};
     switch (format) {
@@ -241,6 +244,15 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
         matrix.block_scales = scale;
         break;
       }
+      case WeightFormat::kQ4: {
+        auto* data = reinterpret_cast<uint8_t*>(values.get());
+        for (size_t i = 0; i < value_bytes; ++i) data[i] = static_cast<uint8_t>(next_random(seed));
+        scales = allocate(scale_count * sizeof(uint16_t));
+        auto* scale = reinterpret_cast<uint16_t*>(scales.get());
+        for (size_t i = 0; i < scale_count; ++i) scale[i] = static_cast<uint16_t>(0x1400 + next_random(seed) % 1024);  // ~1e-3
+        matrix.half_scales = scale;
+        break;
+      }
     }
     set->copies.push_back(matrix);
     set->values.push_back(std::move(values));
@@ -251,7 +263,7 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
 }
 
 const char* format_label(WeightFormat format) {
-  return format == WeightFormat::kF32 ? "f32" : format == WeightFormat::kBF16 ? "bf16" : "q8";
+  return format_name(format);
 }
 
 struct MatmulCase {
@@ -339,15 +351,15 @@ const bool kRegistered = [] {
   const Isa all_levels[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
   for (int threads : {1, 2}) {
     for (const Shape& shape : kDecodeShapes) {
-      for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kQ8}) {
+      for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
         for (int64_t tokens : {1, 2, 4, 8}) {
           add_matmul("Decode", {format, detected_isa(), shape.rows, shape.cols, tokens, threads, true});
         }
       }
     }
     // Every path on one GEMV shape (bf16 is a different kernel at each AVX-512 level); the best
-    // bf16 and q8 paths ran above.
-    for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
+    // bf16, q8 and q4 paths ran above.
+    for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
       for (Isa isa : all_levels) {
         if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
         if (format != WeightFormat::kF32 && isa == detected_isa()) continue;
@@ -357,7 +369,7 @@ const bool kRegistered = [] {
     for (const Shape& shape : kPrefillShapes) {
       add_matmul("Prefill", {WeightFormat::kBF16, detected_isa(), shape.rows, shape.cols, 512, threads, false});
     }
-    for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
+    for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
       for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2}) {
         if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
         if (format == WeightFormat::kBF16 && isa == detected_isa()) continue;  // ran above
@@ -365,7 +377,7 @@ const bool kRegistered = [] {
       }
     }
   }
-  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
     for (int64_t tokens : {1, 512}) {
       for (int64_t cols : {1536, 6144}) {
         benchmark::RegisterBenchmark((std::string("Prepare/") + format_label(format) + "/tokens:" + std::to_string(tokens) +

@@ -7,6 +7,7 @@ const char* format_name(WeightFormat format) {
     case WeightFormat::kF32: return "f32";
     case WeightFormat::kBF16: return "bf16";
     case WeightFormat::kQ8: return "q8";
+    case WeightFormat::kQ4: return "q4";
   }
   return "?";
 }
@@ -17,6 +18,7 @@ std::optional<WeightFormat> parse_weight_format(std::string_view name) {
   if (name == "f32" || name == "fp32") return WeightFormat::kF32;
   if (name == "bf16") return WeightFormat::kBF16;
   if (name == "q8") return WeightFormat::kQ8;
+  if (name == "q4") return WeightFormat::kQ4;
   return std::nullopt;
 }
 

@@ -77,7 +77,7 @@ bool is_per_layer_input(TensorKind kind) {
   }
 }
 
-// A view whose values can be read, q8 block scales attached.
+// A view whose values can be read, q8 block scales attached (q4 is refused: see below).
 TensorView readable_view(const Checkpoint& checkpoint, const StoredTensor& stored) {
   TensorView view = Checkpoint::view(stored);
   if (view.dtype == DType::kQ8) {
@@ -85,6 +85,8 @@ TensorView readable_view(const Checkpoint& checkpoint, const StoredTensor& store
     if (scales == nullptr || scales->dtype_name != "F32") fail("q8 tensor {} has no F32 block scales {}_scale", stored.name, stored.name);
     view.q8_scales = reinterpret_cast<const float*>(scales->data);
   }
+  // The tables and scalars read here are never quantised; packed nibbles there are a broken file.
+  if (view.dtype == DType::kQ4) fail("tensor {} is stored as q4 (U8); only linear weights can be q4", stored.name);
   return view;
 }
 

@@ -55,27 +55,58 @@ std::vector<int32_t> id_sequence(const ModelConfig& config, int length, uint32_t
 
 }  // namespace
 
+double kl_divergence(std::span<const float> reference, std::span<const float> fast) {
+  auto log_normalizer = [](std::span<const float> logits) {
+    const double top = *std::max_element(logits.begin(), logits.end());
+    double sum = 0.0;
+    for (float value : logits) sum += std::exp(static_cast<double>(value) - top);
+    return top + std::log(sum);
+  };
+  const double reference_log_z = log_normalizer(reference), fast_log_z = log_normalizer(fast);
+  if (!std::isfinite(fast_log_z)) return std::numeric_limits<double>::infinity();
+  double kl = 0.0;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const double log_p = reference[i] - reference_log_z;
+    const double log_q = fast[i] - fast_log_z;
+    if (!std::isfinite(log_q)) return std::numeric_limits<double>::infinity();
+    kl += std::exp(log_p) * (log_p - log_q);
+  }
+  return std::max(0.0, kl);  // rounding can leave a tiny negative sum for equal distributions
+}
+
 VerifyTolerance verify_tolerance(WeightFormat weights, KvFormat kv) {
   constexpr double kUnbounded = std::numeric_limits<double>::infinity();
+  if (weights == WeightFormat::kQ4) {
+    return {"q4",
+            kUnbounded,
+            6.0,
+            8.0,
+            1.0,
+            false,
+            "q4: median over steps of the max |logit diff| <= 6; no token flip where the reference's top-2 margin exceeds 8; "
+            "mean KL <= 1 nat (isolated spikes are reported, not failed)"};
+  }
   if (weights == WeightFormat::kQ8) {
     return {"q8",
             kUnbounded,
             2.0,
             4.0,
+            0.5,
             false,
-            "q8: median over steps of the max |logit diff| <= 2; no token flip where the reference's top-2 margin exceeds 4 "
-            "(isolated spikes are reported, not failed)"};
+            "q8: median over steps of the max |logit diff| <= 2; no token flip where the reference's top-2 margin exceeds 4; "
+            "mean KL <= 0.5 nat (isolated spikes are reported, not failed)"};
   }
   if (weights == WeightFormat::kBF16 || kv == KvFormat::kBF16) {
     return {"bf16",
             kUnbounded,
             1.0,
             2.0,
+            0.1,
             false,
-            "bf16: median over steps of the max |logit diff| <= 1; no token flip where the reference's top-2 margin exceeds 2 "
-            "(isolated spikes are reported, not failed)"};
+            "bf16: median over steps of the max |logit diff| <= 1; no token flip where the reference's top-2 margin exceeds 2; "
+            "mean KL <= 0.1 nat (isolated spikes are reported, not failed)"};
   }
-  return {"f32", 1e-3, 1e-3, 0.0, true, "f32: max |logit diff| <= 0.001 at every step and every token equal"};
+  return {"f32", 1e-3, 1e-3, 0.0, kUnbounded, true, "f32: max |logit diff| <= 0.001 at every step and every token equal"};
 }
 
 PromptComparison compare_paths(Transformer& reference, Transformer& fast, const VerifyPrompt& prompt, int steps,
@@ -99,6 +130,7 @@ PromptComparison compare_paths(Transformer& reference, Transformer& fast, const 
     const double difference = max_abs_difference(reference_logits, fast_logits);
     comparison.step_differences.push_back(difference);
     comparison.reference_margins.push_back(top2_margin(reference_logits));
+    comparison.step_kl.push_back(kl_divergence(reference_logits, fast_logits));
     if (step == 0 || difference > comparison.max_logit_difference) {
       comparison.max_logit_difference = difference;
       comparison.max_difference_step = step;
@@ -126,6 +158,11 @@ PromptComparison compare_paths(Transformer& reference, Transformer& fast, const 
     ++position;
   }
   comparison.sequence_match = !comparison.first_divergent_step.has_value();
+  for (double kl : comparison.step_kl) {
+    comparison.mean_kl += kl / steps;
+    comparison.max_kl = std::max(comparison.max_kl, kl);
+  }
+  comparison.top1_agreement = static_cast<double>(steps - comparison.flips) / steps;
   std::vector<double> sorted = comparison.step_differences;
   std::sort(sorted.begin(), sorted.end());
   comparison.median_logit_difference =
@@ -140,6 +177,9 @@ PromptComparison compare_paths(Transformer& reference, Transformer& fast, const 
   } else if (comparison.median_logit_difference > tolerance.median_logit_difference) {
     comparison.verdict = fmt::format("the median step's max |logit diff| {:.4g} exceeds the {} bound {:g}: the paths differ at every step",
                                      comparison.median_logit_difference, tolerance.name, tolerance.median_logit_difference);
+  } else if (comparison.mean_kl > tolerance.mean_kl) {
+    comparison.verdict = fmt::format("the mean KL(reference || fast) {:.4g} exceeds the {} bound {:g}", comparison.mean_kl, tolerance.name,
+                                     tolerance.mean_kl);
   } else if (tolerance.require_sequence_match && !comparison.sequence_match) {
     comparison.verdict =
         fmt::format("tokens differ from step {}; {} requires every token equal", *comparison.first_divergent_step, tolerance.name);
@@ -235,6 +275,25 @@ bool VerifyReport::ok() const {
   const bool prompts_ok = std::all_of(prompts.begin(), prompts.end(), [](const PromptComparison& p) { return p.within_tolerance; });
   const bool probes_ok = std::all_of(probes.begin(), probes.end(), [](const ProbeResult& p) { return p.passed; });
   return prompts_ok && probes_ok;
+}
+
+double VerifyReport::mean_kl() const {
+  double sum = 0.0;
+  int steps = 0;
+  for (const PromptComparison& prompt : prompts) {
+    for (double kl : prompt.step_kl) sum += kl;
+    steps += static_cast<int>(prompt.step_kl.size());
+  }
+  return steps > 0 ? sum / steps : 0.0;
+}
+
+double VerifyReport::top1_agreement() const {
+  int agreeing = 0, steps = 0;
+  for (const PromptComparison& prompt : prompts) {
+    agreeing += prompt.steps - prompt.flips;
+    steps += prompt.steps;
+  }
+  return steps > 0 ? static_cast<double>(agreeing) / steps : 1.0;
 }
 
 VerifyReport run_verification(const Model& model, const VerifyOptions& options, const VerifyObserver& observer) {

@@ -46,17 +46,6 @@ int threads_per_rank(const EngineOptions& options) {
   return std::max(1, total / options.tensor_parallel);
 }
 
-// Rows [first, first + count) of a [rows, ...] weight: a view into the same memory.
-TensorView rows_view(const TensorView& view, int64_t first, int64_t count) {
-  if (first == 0 && count == view.shape[0]) return view;
-  TensorView part = view;
-  const int64_t row_elements = view.element_count() / view.shape[0];
-  part.shape[0] = count;
-  part.data = view.data + static_cast<size_t>(first * row_elements) * dtype_size_bytes(view.dtype);
-  if (view.q8_scales != nullptr) part.q8_scales = view.q8_scales + first * q8_blocks_per_row(view.shape.back());
-  return part;
-}
-
 // Columns [first, first + count) of a 2-D weight, copied to floats held in `storage` (the row-parallel
 // products o_proj and down_proj read a column block, which is not contiguous in the checkpoint).
 TensorView columns_copy(const TensorView& view, int64_t first, int64_t count, std::vector<float>& storage) {
@@ -130,7 +119,7 @@ void Transformer::load() {
     auto state = std::make_unique<LayerState>();
     // This rank's share: column-parallel products keep rows, row-parallel ones keep input columns.
     auto own_rows = [&](const TensorView& view, Range slice, int64_t rows_per_unit) {
-      return partition_ ? rows_view(view, slice.first * rows_per_unit, slice.count * rows_per_unit) : view;
+      return partition_ ? view.rows(slice.first * rows_per_unit, slice.count * rows_per_unit) : view;
     };
     auto own_columns = [&](const TensorView& view, Range slice, int64_t columns_per_unit) {
       if (!partition_) return view;
@@ -177,7 +166,7 @@ void Transformer::load() {
     }
     layers_.push_back(std::move(state));
   }
-  lm_head_ = prepare(partition_ ? rows_view(weights_.lm_head, partition_->vocab_rows.first, partition_->vocab_rows.count) : weights_.lm_head);
+  lm_head_ = prepare(partition_ ? weights_.lm_head.rows(partition_->vocab_rows.first, partition_->vocab_rows.count) : weights_.lm_head);
   if (config_.has_per_layer_inputs()) per_layer_model_projection_ = prepare(weights_.per_layer_model_projection);
   if (upload_bytes > 0 && options_.on_weight_upload) options_.on_weight_upload(upload_bytes, upload_bytes);
   final_norm_ = constant(weights_.final_norm);

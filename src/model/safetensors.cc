@@ -157,8 +157,11 @@ TensorView Checkpoint::view(const StoredTensor& stored) {
     view.dtype = DType::kF16;
   } else if (stored.dtype_name == "I8") {
     view.dtype = DType::kQ8;  // the caller attaches the block scales stored beside it
+  } else if (stored.dtype_name == "U8") {
+    view.dtype = DType::kQ4;  // packed nibbles: the caller sets the logical shape and attaches the scales
   } else {
-    fail("{}: tensor {} has dtype {}; gemma4rt reads F32, BF16, F16 and I8 (q8 with scales)", stored.file->string(), stored.name, stored.dtype_name);
+    fail("{}: tensor {} has dtype {}; gemma4rt reads F32, BF16, F16, I8 (q8 with scales) and U8 (q4 with scales)", stored.file->string(),
+         stored.name, stored.dtype_name);
   }
   return view;
 }

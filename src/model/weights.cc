@@ -27,6 +27,7 @@ class TensorResolver {
       return {};
     }
     used_.insert(name);
+    if (stored->dtype_name == "U8") return q4_view(*stored, shape);
     if (stored->shape != shape) {
       problems_.push_back(fmt::format("tensor {} has shape {} but the config needs {}", name, shape_to_string(stored->shape),
                                       shape_to_string(shape)));
@@ -55,6 +56,36 @@ class TensorResolver {
     }
     used_.insert(scale_name);
     view.q8_scales = reinterpret_cast<const float*>(scales->data);
+  }
+
+  // A q4 tensor NAME is U8 [..., q4_row_bytes(last dim)] of nibbles with F16 block scales NAME_scale
+  // [..., ceil(last dim / 32)]; its view takes the config's (logical) shape.
+  TensorView q4_view(const StoredTensor& stored, const std::vector<int64_t>& shape) {
+    std::vector<int64_t> packed = shape;
+    packed.back() = q4_row_bytes(shape.back());
+    if (stored.shape != packed) {
+      problems_.push_back(fmt::format("q4 tensor {} has shape {} but the config's {} packs to {}", stored.name, shape_to_string(stored.shape),
+                                      shape_to_string(shape), shape_to_string(packed)));
+      return {};
+    }
+    const std::string scale_name = stored.name + "_scale";
+    const StoredTensor* scales = checkpoint_.find(scale_name);
+    std::vector<int64_t> expected = shape;
+    expected.back() = q4_blocks_per_row(shape.back());
+    if (scales == nullptr) {
+      problems_.push_back(fmt::format("q4 tensor {} has no block scales {}", stored.name, scale_name));
+      return {};
+    }
+    if (scales->dtype_name != "F16" || scales->shape != expected) {
+      problems_.push_back(fmt::format("q4 block scales {} must be F16 of shape {}, got {} {}", scale_name, shape_to_string(expected),
+                                      scales->dtype_name, shape_to_string(scales->shape)));
+      return {};
+    }
+    used_.insert(scale_name);
+    TensorView view = Checkpoint::view(stored);
+    view.shape = shape;
+    view.q4_scales = reinterpret_cast<const uint16_t*>(scales->data);
+    return view;
   }
 
   const Checkpoint& checkpoint_;

@@ -91,6 +91,7 @@ int64_t linear_bytes(int64_t values, WeightFormat dtype) {
     case WeightFormat::kF32: return values * 4;
     case WeightFormat::kBF16: return values * 2;
     case WeightFormat::kQ8: return values + (values + 31) / 32 * 4;  // int8 plus one fp32 scale per 32 values
+    case WeightFormat::kQ4: return (values + 1) / 2 + (values + 31) / 32 * 2;  // nibbles plus one f16 scale per 32
   }
   return values * 4;
 }
@@ -394,7 +395,7 @@ Target parse_target(const std::string& name) {
 
 WeightFormat parse_weight_dtype(const std::string& name) {
   if (const std::optional<WeightFormat> format = parse_weight_format(name)) return *format;
-  fail("unknown weight dtype \"{}\" (expected f32, bf16 or q8)", name);
+  fail("unknown weight dtype \"{}\" (expected f32, bf16, q8 or q4)", name);
 }
 
 RankMemory rank_memory(const ModelConfig& config, const ShardPlan& shards, const Target& target, const PlanOptions& options) {

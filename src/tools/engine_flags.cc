@@ -28,7 +28,7 @@ void EngineFlags::add_to(CLI::App& command) {
   command.add_option("--backend", backend, "Where the forward pass runs: cpu (SIMD kernels, the default) or reference (scalar fp32, the verification path; slow)")
       ->check(CLI::IsMember(backend::backend_names()));
   command.add_option("--dtype", dtype, "Weight format (default: the checkpoint's own, bf16 for real checkpoints; f32 on the reference backend)")
-      ->check(CLI::IsMember({"f32", "bf16", "q8"}));
+      ->check(CLI::IsMember({"f32", "bf16", "q8", "q4"}));
   command.add_option("--kv", kv, "KV cache element format (default bf16; f32 on the reference backend)")->check(CLI::IsMember({"f32", "bf16"}));
   command.add_flag("--reference", reference, "The same as --backend reference");
   command.add_option("--device", device, "GPU backends: the device index (gemma4rt devices lists them; default: the first discrete GPU, then integrated)")

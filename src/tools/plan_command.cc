@@ -176,8 +176,8 @@ Action add_plan_command(CLI::App& app) {
   command->add_option("--target", flags->target, "Where it should run: " + targets);
   command->add_option("--tp", flags->tp, "Tensor-parallel degree to judge or to show shards for (default: the smallest that fits)")
       ->check(at_least_one());
-  command->add_option("--dtype", flags->dtype, "Weight dtype: bf16 (default, the checkpoint's), f32 (KV cache f32 too) or q8")
-      ->check(CLI::IsMember({"f32", "fp32", "bf16", "q8"}));
+  command->add_option("--dtype", flags->dtype, "Weight dtype: bf16 (default, the checkpoint's), f32 (KV cache f32 too), q8 or q4")
+      ->check(CLI::IsMember({"f32", "fp32", "bf16", "q8", "q4"}));
   command->add_option("--ctx", flags->context,
                       "Context tokens per sequence (default 4096, as run and serve), or max for the model's longest");
   command->add_option("--batch", flags->batch, "Sequences served together (default 1)")->check(at_least_one());

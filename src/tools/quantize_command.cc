@@ -1,8 +1,9 @@
 // gemma4rt quantize: writes a copy of a checkpoint whose linear weights are q8 (int8 with one float
-// scale per 32 values of a row), so loading it needs no quantisation pass. Embedding and per-layer
-// embedding tables stay as stored (they are only gathered), norms and the router stay as stored, and a
-// tied LM head gets its own q8 copy as lm_head.weight. A q8 tensor NAME is stored as I8 with its block
-// scales in the F32 tensor NAME_scale, which the loader reads back (model/weights.cc).
+// scale per 32 values of a row) or q4 (core/formats.h), so loading it needs no quantisation pass.
+// Embedding and per-layer embedding tables stay as stored (they are only gathered), norms and the
+// router stay as stored, and a tied LM head gets its own copy as lm_head.weight. A q8 tensor NAME is
+// stored as I8 with its block scales in the F32 tensor NAME_scale; a q4 one as U8 [..., packed row
+// bytes] with F16 scales NAME_scale. The loader reads both back (model/weights.cc).
 #include <fstream>
 #include <set>
 
@@ -34,7 +35,10 @@ struct OutputTensor {
 };
 
 int quantize(const QuantizeFlags& flags) {
-  if (flags.dtype != "q8") fail("--dtype {}: only q8 is supported", flags.dtype);
+  const std::optional<WeightFormat> parsed = parse_weight_format(flags.dtype);
+  if (parsed != WeightFormat::kQ8 && parsed != WeightFormat::kQ4) fail("--dtype {}: quantize writes q8 or q4", flags.dtype);
+  const WeightFormat format = *parsed;
+  const bool q4 = format == WeightFormat::kQ4;
   const std::filesystem::path out(flags.out_dir);
   if (std::filesystem::exists(out) && !std::filesystem::is_empty(out) && !flags.force) {
     fail("{}: exists and is not empty (use --force to replace)", out.string());
@@ -42,7 +46,7 @@ int quantize(const QuantizeFlags& flags) {
   auto model = Model::load(flags.model_dir);
   const ModelWeights& weights = model->weights();
 
-  // The matrices the engine multiplies: these become q8.
+  // The matrices the engine multiplies: these are quantised.
   std::vector<TensorView> matrices;
   for (const LayerWeights& layer : weights.layers) {
     for (const TensorView* view : {&layer.attention.q_proj, &layer.attention.k_proj, &layer.attention.v_proj, &layer.attention.o_proj,
@@ -61,29 +65,31 @@ int quantize(const QuantizeFlags& flags) {
   if (!weights.per_layer_model_projection.empty()) matrices.push_back(weights.per_layer_model_projection);
   std::map<std::string, TensorView> quantized;
   for (const TensorView& view : matrices) {
-    if (view.dtype == DType::kQ8) fail("{}: tensor {} is already q8", flags.model_dir, view.name);
+    if (view.dtype == DType::kQ8 || view.dtype == DType::kQ4) fail("{}: tensor {} is already {}", flags.model_dir, view.name, dtype_name(view.dtype));
     quantized[view.name] = view;
   }
 
   std::vector<OutputTensor> tensors;
-  auto add_q8 = [&](const std::string& name, const TensorView& view) {
+  auto add_quantized = [&](const std::string& name, const TensorView& view) {
     const int64_t columns = view.shape.back();
-    const int64_t elements = view.element_count();
-    std::vector<int64_t> scale_shape = view.shape;
-    scale_shape.back() = q8_blocks_per_row(columns);
-    tensors.push_back({name, "I8", view.shape, static_cast<uint64_t>(elements), nullptr, view, false});
-    tensors.push_back({name + "_scale", "F32", scale_shape, static_cast<uint64_t>(elements / columns * scale_shape.back() * 4), nullptr, view, true});
+    const int64_t rows = view.element_count() / columns;
+    std::vector<int64_t> value_shape = view.shape, scale_shape = view.shape;
+    if (q4) value_shape.back() = q4_row_bytes(columns);
+    scale_shape.back() = q4 ? q4_blocks_per_row(columns) : q8_blocks_per_row(columns);
+    tensors.push_back({name, q4 ? "U8" : "I8", value_shape, static_cast<uint64_t>(rows * value_shape.back()), nullptr, view, false});
+    tensors.push_back({name + "_scale", q4 ? "F16" : "F32", scale_shape, static_cast<uint64_t>(rows * scale_shape.back() * (q4 ? 2 : 4)), nullptr,
+                       view, true});
   };
   for (const auto& [name, stored] : model->checkpoint().tensors()) {
     if (auto found = quantized.find(name); found != quantized.end()) {
-      add_q8(name, found->second);
+      add_quantized(name, found->second);
     } else {
       tensors.push_back({name, stored.dtype_name, stored.shape, stored.size_bytes, &stored, {}, false});
     }
   }
-  if (weights.lm_head_tied) add_q8("lm_head.weight", weights.embed_tokens);  // the head reads its own q8 copy
+  if (weights.lm_head_tied) add_quantized("lm_head.weight", weights.embed_tokens);  // the head reads its own quantised copy
 
-  // Larger elements first (f32 scales, then bf16, then int8): every tensor then starts at a multiple
+  // Larger elements first (f32 scales, then bf16 and f16, then bytes): every tensor then starts at a multiple
   // of its element size without gaps, which safetensors readers reject.
   std::stable_sort(tensors.begin(), tensors.end(), [](const OutputTensor& a, const OutputTensor& b) {
     return stored_dtype_size(a.dtype) > stored_dtype_size(b.dtype);
@@ -111,6 +117,8 @@ int quantize(const QuantizeFlags& flags) {
   std::vector<float> row;
   std::vector<int8_t> values;
   std::vector<float> scales;
+  std::vector<uint8_t> nibbles;
+  std::vector<uint16_t> half_scales;
   for (const OutputTensor& tensor : tensors) {
     if (tensor.source != nullptr) {
       file.write(reinterpret_cast<const char*>(tensor.source->data), static_cast<std::streamsize>(tensor.bytes));
@@ -118,17 +126,26 @@ int quantize(const QuantizeFlags& flags) {
       // Row by row: the same quantisation the engine applies at load, so results are identical.
       const int64_t columns = tensor.quantize.shape.back();
       const int64_t rows = tensor.quantize.element_count() / columns;
-      const int64_t blocks = q8_blocks_per_row(columns);
       row.resize(columns);
       values.resize(columns);
-      scales.resize(blocks);
+      scales.resize(q8_blocks_per_row(columns));
+      nibbles.resize(q4_row_bytes(columns));
+      half_scales.resize(q4_blocks_per_row(columns));
+      auto write = [&](const auto& data) {
+        file.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * sizeof(data[0])));
+      };
       for (int64_t r = 0; r < rows; ++r) {
         tensor.quantize.read_floats(r * columns, columns, row.data());
-        kernels::quantize_q8(row.data(), 1, columns, values.data(), scales.data());
-        if (tensor.is_scale) {
-          file.write(reinterpret_cast<const char*>(scales.data()), static_cast<std::streamsize>(blocks * sizeof(float)));
+        if (q4) {
+          try {
+            kernels::quantize_q4(row.data(), 1, columns, nibbles.data(), half_scales.data());
+          } catch (const Error& error) {
+            fail("{} row {}: {}", tensor.quantize.name, r, error.what());
+          }
+          tensor.is_scale ? write(half_scales) : write(nibbles);
         } else {
-          file.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(columns));
+          kernels::quantize_q8(row.data(), 1, columns, values.data(), scales.data());
+          tensor.is_scale ? write(scales) : write(values);
         }
       }
     }
@@ -146,10 +163,11 @@ int quantize(const QuantizeFlags& flags) {
   }
   std::ifstream config_input(std::filesystem::path(flags.model_dir) / "config.json");
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(config_input);
-  config["quantization_config"] = {{"quant_method", "gemma4rt_q8"}, {"block_size", kQ8BlockValues}};
+  config["quantization_config"] = {{"quant_method", q4 ? "gemma4rt_q4" : "gemma4rt_q8"}, {"block_size", q4 ? kQ4BlockValues : kQ8BlockValues}};
   std::ofstream(out / "config.json") << config.dump(2) << "\n";
   std::filesystem::remove(out / "model.safetensors.index.json");
-  fmt::print(stderr, "quantize: wrote {} ({:.2f} GB, {} q8 matrices)\n", file_path.string(), offset / 1e9, quantized.size() + (weights.lm_head_tied ? 1 : 0));
+  fmt::print(stderr, "quantize: wrote {} ({:.2f} GB, {} {} matrices)\n", file_path.string(), offset / 1e9, quantized.size() + (weights.lm_head_tied ? 1 : 0),
+             format_name(format));
   return 0;
 }
 
@@ -157,10 +175,10 @@ int quantize(const QuantizeFlags& flags) {
 
 Action add_quantize_command(CLI::App& app) {
   auto flags = std::make_shared<QuantizeFlags>();
-  CLI::App* command = app.add_subcommand("quantize", "Write a copy of a checkpoint with q8 linear weights");
+  CLI::App* command = app.add_subcommand("quantize", "Write a copy of a checkpoint with q8 or q4 linear weights");
   command->add_option("--model", flags->model_dir, "Checkpoint directory to read")->required();
   command->add_option("--out", flags->out_dir, "Directory to write")->required();
-  command->add_option("--dtype", flags->dtype, "Target format (q8)")->check(CLI::IsMember({"q8"}));
+  command->add_option("--dtype", flags->dtype, "Target format: q8 (int8, f32 scale per 32) or q4 (4.5 bits per weight)")->check(CLI::IsMember({"q8", "q4"}));
   command->add_flag("--force", flags->force, "Replace the files of a non-empty --out");
   return [flags] { return quantize(*flags); };
 }

@@ -24,7 +24,7 @@ namespace {
 struct VerifyFlags {
   std::string backend = "cpu";
   std::string model_dir;
-  std::string dtype;  // "", "f32", "bf16", "q8"
+  std::string dtype;  // "", "f32", "bf16", "q8", "q4"
   std::string kv;     // "", "f32", "bf16"
   int tensor_parallel = 1;
   std::string prompts_file;
@@ -56,10 +56,11 @@ std::string divergence_text(const PromptComparison& prompt) {
 
 void print_prompt(const PromptComparison& prompt) {
   fmt::print(
-      "{:<10} {}: {} prompt tokens, {} steps, first divergent step {}, max |logit diff| {:.4g} at step {} (median step {:.4g}): {}{}\n",
+      "{:<10} {}: {} prompt tokens, {} steps, first divergent step {}, max |logit diff| {:.4g} at step {} (median step {:.4g}), "
+      "KL mean {:.3g} max {:.3g}, top-1 {:.1f}%: {}{}\n",
       prompt.sequence_match ? "SEQ_MATCH" : "DIVERGED", prompt.name, prompt.prompt_tokens, prompt.steps, divergence_text(prompt),
-      prompt.max_logit_difference, prompt.max_difference_step, prompt.median_logit_difference,
-      prompt.within_tolerance ? "" : "FAIL: ", prompt.verdict);
+      prompt.max_logit_difference, prompt.max_difference_step, prompt.median_logit_difference, prompt.mean_kl, prompt.max_kl,
+      100.0 * prompt.top1_agreement, prompt.within_tolerance ? "" : "FAIL: ", prompt.verdict);
   std::fflush(stdout);
 }
 
@@ -96,6 +97,10 @@ nlohmann::json to_json(const VerifyReport& report, const std::string& model_dir)
          {"max_logit_diff_step", prompt.max_difference_step},
          {"median_step_logit_diff", finite_or_null(prompt.median_logit_difference)},
          {"flips", prompt.flips},
+         {"top1_agreement", prompt.top1_agreement},
+         {"mean_kl", finite_or_null(prompt.mean_kl)},
+         {"max_kl", finite_or_null(prompt.max_kl)},
+         {"step_kl", prompt.step_kl},
          {"largest_flip_margin", prompt.flips > 0 ? nlohmann::json(prompt.largest_flip_margin) : nlohmann::json()},
          {"within_tolerance", prompt.within_tolerance},
          {"verdict", prompt.verdict},
@@ -121,9 +126,12 @@ nlohmann::json to_json(const VerifyReport& report, const std::string& model_dir)
         {"max_logit_diff", finite_or_null(report.tolerance.max_logit_difference)},
         {"median_step_logit_diff", report.tolerance.median_logit_difference},
         {"decisive_margin", report.tolerance.require_sequence_match ? nlohmann::json() : nlohmann::json(report.tolerance.decisive_margin)},
+        {"mean_kl", finite_or_null(report.tolerance.mean_kl)},
         {"require_seq_match", report.tolerance.require_sequence_match},
         {"description", report.tolerance.description}}},
       {"steps", report.steps},
+      {"mean_kl", finite_or_null(report.mean_kl())},
+      {"top1_agreement", report.top1_agreement()},
       {"prompts", prompts},
       {"probes", probes},
       {"ok", report.ok()}};
@@ -181,6 +189,8 @@ int verify(const VerifyFlags& flags) {
   }
   const size_t matched =
       std::count_if(report.prompts.begin(), report.prompts.end(), [](const PromptComparison& p) { return p.sequence_match; });
+  fmt::print("over all steps: mean KL(reference || fast) {:.4g} nats, top-1 agreement {:.1f}%\n", report.mean_kl(),
+             100.0 * report.top1_agreement());
   if (failures.empty()) {
     fmt::print("verify: OK: {} prompts within the {} tolerance ({} SEQ_MATCH), {} of {} probes passed\n", report.prompts.size(),
                report.tolerance.name, matched, report.probes.size(), report.probes.size());
@@ -198,7 +208,7 @@ Action add_verify_command(CLI::App& app) {
   command->add_option("--model", flags->model_dir, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
   command->add_option("--backend", flags->backend, "The backend under test (default cpu)")->check(CLI::IsMember(backend::backend_names()));
   command->add_option("--dtype", flags->dtype, "Weight format of the fast path under test (default: the checkpoint's own)")
-      ->check(CLI::IsMember({"f32", "bf16", "q8"}));
+      ->check(CLI::IsMember({"f32", "bf16", "q8", "q4"}));
   command->add_option("--kv", flags->kv, "KV cache format of the fast path (default bf16)")->check(CLI::IsMember({"f32", "bf16"}));
   command->add_option("--tp", flags->tensor_parallel, "Tensor-parallel ranks of the fast path, as threads of this process (default 1)");
   command->add_option("--prompts", flags->prompts_file, "Extra prompts, one text per line (raw completions, <bos> added)");

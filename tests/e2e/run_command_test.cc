@@ -260,31 +260,48 @@ TEST(TokenizeCommand, EncodesAndDecodes) {
 namespace gemma4rt::testing {
 namespace {
 
-// `quantize` writes q8 weights that load without a quantisation pass and compute exactly what
-// `--dtype q8` computes from the original checkpoint (the same quantisation, done once).
-TEST(QuantizeCommand, WrittenQ8CheckpointMatchesQuantisingAtLoad) {
+// `quantize` writes q8 or q4 weights that load without a quantisation pass and compute exactly what
+// `--dtype q8` / `--dtype q4` computes from the original checkpoint (the same quantisation, done once).
+class QuantizeCommand : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(QuantizeCommand, WrittenCheckpointMatchesQuantisingAtLoad) {
+  const std::string dtype = GetParam();
   const auto source = kModels / "tiny-26b-a4b";
-  const auto out = fresh_work_dir("quantized-26b");
-  const CommandResult written = run_gemma4rt({"quantize", "--model", source.string(), "--out", out.string(), "--force"});
+  const auto out = fresh_work_dir("quantized-26b-" + dtype);
+  const CommandResult written = run_gemma4rt({"quantize", "--model", source.string(), "--out", out.string(), "--dtype", dtype, "--force"});
   ASSERT_EQ(written.exit_code, 0) << written.err;
   const nlohmann::json config = read_json_file(out / "config.json");
-  EXPECT_EQ(config["quantization_config"]["quant_method"], "gemma4rt_q8");
+  EXPECT_EQ(config["quantization_config"]["quant_method"], "gemma4rt_" + dtype);
   const nlohmann::json fixture = read_json_file(source / "coherence.json");
   for (int index : {0, 1, 2}) {
     const auto& prompt = fixture["prompts"][index];
     const std::string ids = join_ids(prompt["input_ids"].get<std::vector<int>>());
-    const nlohmann::json from_file = run_json({"--model", out.string(), "--prompt-ids", ids, "--max-tokens", "40"});
-    const nlohmann::json at_load = run_json({"--model", source.string(), "--prompt-ids", ids, "--max-tokens", "40", "--dtype", "q8"});
+    const nlohmann::json from_file = run_json({"--model", out.string(), "--prompt-ids", ids, "--max-tokens", "40", "--logprobs", "2"});
+    const nlohmann::json at_load = run_json({"--model", source.string(), "--prompt-ids", ids, "--max-tokens", "40", "--dtype", dtype, "--logprobs", "2"});
     EXPECT_EQ(from_file["tokens"], at_load["tokens"]);
+    EXPECT_EQ(from_file["logprobs"], at_load["logprobs"]);
     EXPECT_EQ(from_file["tokens"], prompt["output_ids"]);
   }
-  // The stored matrices are int8 with their block scales beside them.
+  // The stored matrices are int8 (q8) or packed nibbles (q4) with their block scales beside them.
   const SafetensorsImage image = SafetensorsImage::load(out / "model.safetensors");
-  EXPECT_EQ(image.header["model.language_model.layers.0.mlp.gate_proj.weight"]["dtype"], "I8");
-  EXPECT_EQ(image.header["model.language_model.layers.0.mlp.gate_proj.weight_scale"]["dtype"], "F32");
-  EXPECT_EQ(image.header["lm_head.weight"]["dtype"], "I8");
+  const SafetensorsImage original = SafetensorsImage::load(source / "model.safetensors");
+  const std::string gate_name = "model.language_model.layers.0.mlp.gate_proj.weight";
+  const nlohmann::json& gate = image.header[gate_name];
+  const nlohmann::json& scales = image.header[gate_name + "_scale"];
+  const int64_t columns = original.header[gate_name]["shape"][1];
+  EXPECT_EQ(gate["dtype"], dtype == "q4" ? "U8" : "I8");
+  EXPECT_EQ(gate["shape"][1], dtype == "q4" ? (columns + 63) / 64 * 32 : columns);
+  EXPECT_EQ(scales["dtype"], dtype == "q4" ? "F16" : "F32");
+  EXPECT_EQ(scales["shape"][1], (columns + 31) / 32);
+  EXPECT_EQ(image.header["lm_head.weight"]["dtype"], gate["dtype"]);
   EXPECT_EQ(image.header["model.language_model.embed_tokens.weight"]["dtype"], "BF16");
+  // A quantised checkpoint is not quantised again.
+  const CommandResult again = run_gemma4rt({"quantize", "--model", out.string(), "--out", out.string() + "-again", "--dtype", dtype, "--force"});
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.err.find("is already"), std::string::npos) << again.err;
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantizeCommand, ::testing::Values("q8", "q4"), string_param_name);
 
 }  // namespace
 }  // namespace gemma4rt::testing

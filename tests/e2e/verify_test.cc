@@ -125,7 +125,7 @@ std::string param_name(const std::string& text) { return testing::test_identifie
 INSTANTIATE_TEST_SUITE_P(VerifyGolden, VerifyStrictF32, ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
                          [](const auto& info) { return param_name(info.param); });
 
-// bf16 and q8 on the trained checkpoints, where agreement means something (see verify_tolerance).
+// bf16, q8 and q4 on the trained checkpoints, where agreement means something (see verify_tolerance).
 class VerifyReducedPrecision : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(VerifyReducedPrecision, WithinTheDtypeTolerance) {
@@ -139,13 +139,17 @@ TEST_P(VerifyReducedPrecision, WithinTheDtypeTolerance) {
   for (const auto& prompt : report["prompts"]) {
     EXPECT_EQ(prompt["within_tolerance"], true) << prompt.dump();
     EXPECT_LE(prompt["median_step_logit_diff"].get<double>(), report["tolerance"]["median_step_logit_diff"].get<double>());
+    EXPECT_LE(prompt["mean_kl"].get<double>(), report["tolerance"]["mean_kl"].get<double>());
+    EXPECT_EQ(prompt["step_kl"].size(), prompt["steps"].get<size_t>());
   }
+  EXPECT_GE(report["top1_agreement"].get<double>(), 0.5);
+  EXPECT_LE(report["top1_agreement"].get<double>(), 1.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(VerifyCoherence, VerifyReducedPrecision,
                          ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b",
                                                               "tiny-e2b-agent"),
-                                            ::testing::Values("bf16", "q8")),
+                                            ::testing::Values("bf16", "q8", "q4")),
                          [](const auto& info) { return param_name(std::get<0>(info.param) + "_" + std::get<1>(info.param)); });
 
 TEST(Verify, PromptsFile) {
@@ -239,6 +243,10 @@ TEST(VerifyLibrary, TolerancePerFormat) {
             verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).median_logit_difference);
   EXPECT_LT(verify_tolerance(WeightFormat::kBF16, KvFormat::kBF16).decisive_margin,
             verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).decisive_margin);
+  EXPECT_EQ(verify_tolerance(WeightFormat::kQ4, KvFormat::kBF16).name, "q4");
+  EXPECT_LT(verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).median_logit_difference,
+            verify_tolerance(WeightFormat::kQ4, KvFormat::kBF16).median_logit_difference);
+  EXPECT_LT(verify_tolerance(WeightFormat::kQ8, KvFormat::kBF16).mean_kl, verify_tolerance(WeightFormat::kQ4, KvFormat::kBF16).mean_kl);
 }
 
 TEST(VerifyLibrary, ReferenceAgainstItselfIsExact) {
@@ -256,7 +264,36 @@ TEST(VerifyLibrary, ReferenceAgainstItselfIsExact) {
     EXPECT_EQ(comparison.max_logit_difference, 0.0) << prompt.name;
     EXPECT_TRUE(comparison.within_tolerance) << prompt.name;
     EXPECT_EQ(comparison.reference_tokens, comparison.fast_tokens) << prompt.name;
+    EXPECT_EQ(comparison.mean_kl, 0.0) << prompt.name;
+    EXPECT_EQ(comparison.top1_agreement, 1.0) << prompt.name;
   }
+}
+
+// KL(reference || fast) of one step, against a hand-computed value: two logits [0, ln 3] (p = 1/4, 3/4)
+// against [0, 0] (q = 1/2, 1/2): KL = 1/4 ln(1/2) + 3/4 ln(3/2).
+TEST(VerifyLibrary, KlDivergenceOfOneStep) {
+  auto model = Model::load(kGolden / "tiny-e4b");
+  EngineOptions reference_options;
+  reference_options.backend = "reference";
+  reference_options.context_tokens = 64;
+  Transformer reference(*model, reference_options);
+  EngineOptions fast_options;
+  fast_options.context_tokens = 64;
+  fast_options.weight_format = WeightFormat::kQ4;
+  Transformer fast(*model, fast_options);
+  const VerifyPrompt prompt{"ids", "", {2, 100, 200, 300}};
+  const PromptComparison comparison = compare_paths(reference, fast, prompt, 6, verify_tolerance(WeightFormat::kQ4, KvFormat::kBF16));
+  ASSERT_EQ(comparison.step_kl.size(), 6u);
+  double sum = 0.0;
+  for (double kl : comparison.step_kl) {
+    EXPECT_GT(kl, 0.0);  // q4 changes every distribution a little
+    sum += kl;
+  }
+  EXPECT_NEAR(comparison.mean_kl, sum / 6, 1e-12);
+  EXPECT_EQ(comparison.top1_agreement, (6.0 - comparison.flips) / 6.0);
+  EXPECT_NEAR(kl_divergence(std::vector<float>{0.0f, std::log(3.0f)}, std::vector<float>{0.0f, 0.0f}),
+              0.25 * std::log(0.5) + 0.75 * std::log(1.5), 1e-7);
+  EXPECT_EQ(kl_divergence(std::vector<float>{1.0f, 2.0f}, std::vector<float>{1.0f, 2.0f}), 0.0);
 }
 
 }  // namespace

@@ -109,18 +109,16 @@ TEST(FastPathAgreement, Bf16AndQ8AgreeAsMeasured) {
 namespace gemma4rt {
 namespace {
 
-// The trained coherence models answer every listed prompt exactly in bf16 and in q8 too: HF computing in
+// The trained coherence models answer every listed prompt exactly in bf16, q8 and q4 too: HF computing in
 // bf16 does (models/README.md), so a fast path that does not is suspect whatever else it agrees with.
-class FastPathCoherence : public ::testing::TestWithParam<std::tuple<std::string, WeightFormat>> {};
-
-TEST_P(FastPathCoherence, AnswersEveryPrompt) {
-  const auto& [name, format] = GetParam();
+void expect_answers_every_prompt(const std::string& name, WeightFormat format, int tensor_parallel) {
   const std::string directory = std::string(GEMMA4RT_MODELS) + "/" + name;
   auto model = Model::load(directory);
   const nlohmann::json fixture = testing::read_json_file(directory + "/coherence.json");
   EngineOptions options;
   options.context_tokens = 256;
   options.weight_format = format;
+  options.tensor_parallel = tensor_parallel;
   Transformer transformer(*model, options);
   GenerationOptions generation;
   generation.max_tokens = 40;
@@ -136,9 +134,24 @@ TEST_P(FastPathCoherence, AnswersEveryPrompt) {
   EXPECT_EQ(answered, static_cast<int>(fixture["prompts"].size()));
 }
 
+class FastPathCoherence : public ::testing::TestWithParam<std::tuple<std::string, WeightFormat>> {};
+
+TEST_P(FastPathCoherence, AnswersEveryPrompt) {
+  const auto& [name, format] = GetParam();
+  expect_answers_every_prompt(name, format, 1);
+}
+
+// q4 through in-process tensor parallelism (each rank quantises its own shards at load).
+class ShardedQ4Coherence : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShardedQ4Coherence, AnswersEveryPrompt) { expect_answers_every_prompt(GetParam(), WeightFormat::kQ4, 2); }
+
+INSTANTIATE_TEST_SUITE_P(TrainedModels, ShardedQ4Coherence, ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
+                         [](const auto& info) { return testing::test_identifier(info.param); });
+
 INSTANTIATE_TEST_SUITE_P(TrainedModels, FastPathCoherence,
                          ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
-                                            ::testing::Values(WeightFormat::kBF16, WeightFormat::kQ8)),
+                                            ::testing::Values(WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4)),
                          [](const auto& info) {
                            return testing::test_identifier(std::get<0>(info.param) + "_" + format_name(std::get<1>(info.param)));
                          });

@@ -1,6 +1,6 @@
 // Fast matmul kernels: every instruction-set level this CPU runs, every weight format, shapes with
 // tails, compared with a double-precision reference computed from the same rounded operands
-// (bf16-rounded activations for bf16; dequantised q8 weights and activations for q8).
+// (bf16-rounded activations for bf16; dequantised q8 / q4 weights and q8 activations for q8 and q4).
 //
 // Tolerance: |y - reference| <= 2e-6 * sum_k |x_k| |w_k| (+1e-30 for all-zero rows). The operands are
 // identical, so only fp32 rounding differs: every path sums in fp32 (SIMD paths over 8-16 lane vectors,
@@ -56,8 +56,18 @@ struct TestWeights {
   std::vector<uint16_t> bf16;
   std::vector<int8_t> q8;
   std::vector<float> scales;
+  std::vector<uint8_t> q4;
+  std::vector<uint16_t> half_scales;
   std::vector<double> effective;  // [rows][cols]
 };
+
+// Weight (r, k) of a q4 matrix, decoded from the layout core/formats.h describes.
+double q4_value(const TestWeights& weights, int64_t r, int64_t k) {
+  const int64_t cols = weights.matrix.cols;
+  const uint8_t byte = weights.q4[r * q4_row_bytes(cols) + k / 64 * 32 + k % 32];
+  const int code = k % 64 < 32 ? byte & 0x0f : byte >> 4;
+  return static_cast<double>(code - 8) * f16_to_float(weights.half_scales[r * q4_blocks_per_row(cols) + k / 32]);
+}
 
 TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t cols, WeightFormat format) {
   TestWeights weights;
@@ -94,6 +104,17 @@ TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t
       weights.matrix.block_scales = weights.scales.data();
       break;
     }
+    case WeightFormat::kQ4: {
+      weights.q4.resize(static_cast<size_t>(rows * q4_row_bytes(cols)));
+      weights.half_scales.resize(static_cast<size_t>(rows * q4_blocks_per_row(cols)));
+      quantize_q4(source.data(), rows, cols, weights.q4.data(), weights.half_scales.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < cols; ++k) weights.effective[r * cols + k] = q4_value(weights, r, k);
+      }
+      weights.matrix.values = weights.q4.data();
+      weights.matrix.half_scales = weights.half_scales.data();
+      break;
+    }
   }
   return weights;
 }
@@ -110,6 +131,7 @@ std::vector<double> effective_activations(const PreparedActivations& prepared) {
         case WeightFormat::kF32: values[t * cols + k] = prepared.f32_values()[at]; break;
         case WeightFormat::kBF16: values[t * cols + k] = bf16_to_float(prepared.bf16_values()[at]); break;
         case WeightFormat::kQ8:
+        case WeightFormat::kQ4:
           values[t * cols + k] = static_cast<double>(prepared.q8_values()[at]) *
                                  prepared.q8_scales()[t * (stride / kQ8BlockValues) + k / kQ8BlockValues];
           break;
@@ -124,7 +146,7 @@ void expect_prepared_matches_scalar(const std::vector<float>& x, int64_t tokens,
                                     const PreparedActivations& prepared) {
   const int64_t stride = prepared.stride();
   ASSERT_GE(stride, cols);
-  if (prepared.format() == WeightFormat::kQ8) {
+  if (prepared.format() == WeightFormat::kQ8 || prepared.format() == WeightFormat::kQ4) {
     std::vector<int8_t> values(static_cast<size_t>(tokens * cols));
     std::vector<float> scales(static_cast<size_t>(tokens * q8_blocks_per_row(cols)));
     {
@@ -196,7 +218,7 @@ struct Shape {
 const Shape kShapes[] = {{1, 1}, {5, 7}, {3, 31}, {13, 32}, {6, 33}, {9, 63}, {7, 64}, {11, 65},
                          {4, 100}, {17, 129}, {10, 200}, {23, 257}, {5, 1000}};
 const int64_t kTokenCounts[] = {1, 3, 7, 64, 130};
-const WeightFormat kFormats[] = {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8};
+const WeightFormat kFormats[] = {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4};
 
 TEST(Matmul, MatchesDoubleReferenceOnEveryPath) {
   IsaGuard guard;
@@ -396,6 +418,73 @@ TEST(Matmul, WeightMatrixFromViews) {
 
   view.dtype = DType::kF16;
   EXPECT_THROW(weight_matrix(view), Error);
+}
+
+// The q4 layout written out by hand: codes 0..15 in both blocks of a group (block 0's largest value is
+// negative, block 1's positive, so their scales differ in sign), then a short third block whose
+// missing values are padding nibbles (8, i.e. zero).
+TEST(Matmul, Q4LayoutIsTheDocumentedOne) {
+  const int64_t cols = 70;
+  std::vector<float> row(cols);
+  for (int64_t k = 0; k < 32; ++k) row[k] = static_cast<float>(k % 16 - 8) * 0.25f;        // m = -2: scale 0.25
+  for (int64_t k = 32; k < 64; ++k) row[k] = -static_cast<float>(k % 16 - 8) * 0.25f;      // m = 2: scale -0.25
+  for (int64_t k = 64; k < cols; ++k) row[k] = static_cast<float>(k - 64 - 8) * 1.0f;      // m = -8: scale 1
+  std::vector<uint8_t> packed(static_cast<size_t>(q4_row_bytes(cols)));
+  std::vector<uint16_t> scales(static_cast<size_t>(q4_blocks_per_row(cols)));
+  ASSERT_EQ(packed.size(), 64u);
+  ASSERT_EQ(scales.size(), 3u);
+  quantize_q4(row.data(), 1, cols, packed.data(), scales.data());
+  EXPECT_EQ(scales[0], 0x3400);  // 0.25
+  EXPECT_EQ(scales[1], 0xB400);  // -0.25
+  EXPECT_EQ(scales[2], 0x3C00);  // 1
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(packed[j], (j % 16) * 0x11) << "byte " << j;
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(packed[32 + j], j < 6 ? 0x80 | j : 0x88) << "byte " << 32 + j;
+
+  // TensorView::at decodes the same layout.
+  TensorView view;
+  view.name = "w";
+  view.dtype = DType::kQ4;
+  view.shape = {1, cols};
+  view.data = reinterpret_cast<const std::byte*>(packed.data());
+  view.q4_scales = scales.data();
+  EXPECT_EQ(view.size_bytes(), 64u);
+  for (int64_t k = 0; k < cols; ++k) EXPECT_EQ(view.at(k), row[k]) << "k " << k;
+  const WeightMatrix matrix = weight_matrix(view);
+  EXPECT_EQ(matrix.format, WeightFormat::kQ4);
+  EXPECT_EQ(matrix.half_scales, scales.data());
+}
+
+TEST(Matmul, Q4RoundTripWithinHalfAStep) {
+  std::mt19937 rng(21);
+  const int64_t rows = 7, cols = 211;
+  std::vector<float> source = random_floats(rng, static_cast<size_t>(rows * cols), 0.03f);
+  source[3] = 0.0f;
+  std::fill(source.begin() + 64, source.begin() + 96, 0.0f);  // an all-zero block: scale 0, codes 8
+  std::vector<uint8_t> packed(static_cast<size_t>(rows * q4_row_bytes(cols)));
+  std::vector<uint16_t> scales(static_cast<size_t>(rows * q4_blocks_per_row(cols)));
+  quantize_q4(source.data(), rows, cols, packed.data(), scales.data());
+  TestWeights weights;
+  weights.matrix.cols = cols;
+  weights.q4 = packed;
+  weights.half_scales = scales;
+  EXPECT_EQ(scales[2], 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < q4_blocks_per_row(cols); ++b) {
+      const double scale = std::fabs(f16_to_float(scales[r * q4_blocks_per_row(cols) + b]));
+      int64_t largest = b * 32;
+      for (int64_t k = b * 32; k < std::min(cols, (b + 1) * 32); ++k) {
+        if (std::fabs(source[r * cols + k]) > std::fabs(source[r * cols + largest])) largest = k;
+        const double value = q4_value(weights, r, k);
+        // Half a step, except values the top code (7) clamps: up to one step.
+        const double bound = std::fabs(source[r * cols + k]) > 7.5 * scale ? scale : 0.5 * scale;
+        ASSERT_LE(std::fabs(source[r * cols + k] - value), bound * (1.0 + 1e-3)) << "r " << r << " k " << k;
+      }
+      if (scale > 0.0) EXPECT_EQ(q4_value(weights, r, largest) / scale, source[r * cols + largest] > 0 ? 8.0 : -8.0);
+    }
+  }
+  std::vector<float> huge(32, 1.0f);
+  huge[7] = 1e6f;  // its scale (1.25e5) is beyond f16
+  EXPECT_THROW(quantize_q4(huge.data(), 1, 32, packed.data(), scales.data()), Error);
 }
 
 TEST(Matmul, RejectsMismatchedOperands) {

@@ -17,6 +17,7 @@ std::string CpuBackend::kernels() const { return kernels::isa_name(kernels::acti
 
 WeightFormat CpuBackend::default_weight_format(DType stored) const {
   if (stored == DType::kQ8) return WeightFormat::kQ8;
+  if (stored == DType::kQ4) return WeightFormat::kQ4;
   return stored == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
 }
 

@@ -1,5 +1,10 @@
 #include "backend/cpu/prepared_weight.h"
 
+#include <mutex>
+#include <string>
+
+#include <fmt/format.h>
+
 #include "core/error.h"
 
 namespace gemma4rt::backend {
@@ -24,6 +29,11 @@ PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, Threa
   if (format == WeightFormat::kQ8 && view.dtype == DType::kQ8) {  // a checkpoint written by `gemma4rt quantize`
     linear.matrix.values = view.data;
     linear.matrix.block_scales = view.q8_scales;
+    return linear;
+  }
+  if (format == WeightFormat::kQ4 && view.dtype == DType::kQ4) {
+    linear.matrix.values = view.data;
+    linear.matrix.half_scales = view.q4_scales;
     return linear;
   }
   // Conversions run row-parallel: a full-size checkpoint has billions of weights.
@@ -56,6 +66,31 @@ PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, Threa
       });
       linear.matrix.values = linear.owned_q8.data();
       linear.matrix.block_scales = linear.owned_scales.data();
+      break;
+    }
+    case WeightFormat::kQ4: {
+      const int64_t blocks = q4_blocks_per_row(cols), row_bytes = q4_row_bytes(cols);
+      linear.owned_q4.resize(static_cast<size_t>(rows * row_bytes));
+      linear.owned_half_scales.resize(static_cast<size_t>(rows * blocks));
+      // A worker thread must not throw: the first refused row is reported once all have finished.
+      std::mutex mutex;
+      std::string refused;
+      pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
+        std::vector<float> row(static_cast<size_t>(cols));
+        for (int64_t r = first; r < last; ++r) {
+          view.read_floats(r * cols, cols, row.data());
+          try {
+            kernels::quantize_q4(row.data(), 1, cols, linear.owned_q4.data() + r * row_bytes, linear.owned_half_scales.data() + r * blocks);
+          } catch (const Error& error) {
+            std::lock_guard<std::mutex> lock(mutex);
+            if (refused.empty()) refused = fmt::format("{} row {}: {}", view.name, r, error.what());
+            return;
+          }
+        }
+      });
+      if (!refused.empty()) fail("{}", refused);
+      linear.matrix.values = linear.owned_q4.data();
+      linear.matrix.half_scales = linear.owned_half_scales.data();
       break;
     }
   }

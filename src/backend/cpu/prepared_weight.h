@@ -19,11 +19,16 @@ struct PreparedWeight {
   std::vector<float> owned_f32;
   std::vector<int8_t> owned_q8;
   std::vector<float> owned_scales;
+  std::vector<uint8_t> owned_q4;
+  std::vector<uint16_t> owned_half_scales;
 
   // Bytes one full pass over this weight reads.
   size_t read_bytes() const { return static_cast<size_t>(weight_bytes(matrix.rows, matrix.cols, matrix.format)); }
   // Bytes held here rather than in the memory map.
-  size_t owned_bytes() const { return owned_bf16.size() * 2 + owned_f32.size() * 4 + owned_q8.size() + owned_scales.size() * 4; }
+  size_t owned_bytes() const {
+    return owned_bf16.size() * 2 + owned_f32.size() * 4 + owned_q8.size() + owned_scales.size() * 4 + owned_q4.size() +
+           owned_half_scales.size() * 2;
+  }
 };
 
 // Prepares `view` for the kernels in `format`; `pool` parallelises conversion and quantisation.

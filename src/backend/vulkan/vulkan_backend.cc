@@ -119,9 +119,14 @@ std::string VulkanBackend::kernels() const {
                      cooperative_matrix_ ? ", cooperative matrix" : "");
 }
 
+// q4 checkpoints run here re-quantised to q8 (the shaders have no q4 products yet).
 WeightFormat VulkanBackend::default_weight_format(DType stored) const {
-  if (stored == DType::kQ8) return WeightFormat::kQ8;
+  if (stored == DType::kQ8 || stored == DType::kQ4) return WeightFormat::kQ8;
   return stored == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
+}
+
+void VulkanBackend::check_formats(WeightFormat weights, KvFormat) const {
+  if (weights == WeightFormat::kQ4) fail("the Vulkan backend has no q4 products yet: use --dtype q8 or bf16 there (q4 runs on the cpu backend)");
 }
 
 // ---- memory ----
@@ -196,6 +201,7 @@ Weight VulkanBackend::prepare_weight(const TensorView& view, WeightFormat format
         device_->upload(chunk.scales, 0, scales.data(), scales.size() * sizeof(float));
         break;
       }
+      case WeightFormat::kQ4: check_formats(format, KvFormat::kBF16); break;
     }
     weight_bytes_ += chunk.values.bytes + chunk.scales.bytes;
     weight.chunks.push_back(chunk);

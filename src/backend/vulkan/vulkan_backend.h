@@ -26,7 +26,7 @@ class VulkanBackend : public Backend {
   int default_chunk_tokens() const override { return 128; }
   WeightFormat default_weight_format(DType stored) const override;
   KvFormat default_kv_format() const override { return KvFormat::kBF16; }
-  void check_formats(WeightFormat, KvFormat) const override {}
+  void check_formats(WeightFormat weights, KvFormat kv) const override;
   bool supports_tensor_parallel() const override { return false; }
   uint64_t memory_bytes() const override { return device_->info().device_local_bytes; }
 

@@ -1,5 +1,6 @@
 #include "backend/cpu/kernels/matmul.h"
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -74,6 +75,37 @@ void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_e
   }
 }
 
+// The same per-block exact integer dot product as q8, with the weight's nibble q + 8 shifted back.
+void matmul_q4_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  const auto* x = static_cast<const int8_t*>(op.x);
+  const auto* w = static_cast<const uint8_t*>(op.w);
+  const int64_t blocks = q4_blocks_per_row(op.cols);
+  const int64_t row_bytes = q4_row_bytes(op.cols);
+  const int64_t x_blocks = op.x_stride / kQ4BlockValues;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    const uint16_t* row_scales = op.w_half_scales + r * blocks;
+    for (int64_t t = 0; t < op.tokens; ++t) {
+      const int8_t* token = x + t * op.x_stride;
+      const float* token_scales = op.x_scales + t * x_blocks;
+      float sum = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t begin = b * kQ4BlockValues;
+        const int64_t end = begin + kQ4BlockValues < op.cols ? begin + kQ4BlockValues : op.cols;
+        const uint8_t* group = row + begin / kQ4GroupValues * (kQ4GroupValues / 2);
+        const bool high = begin % kQ4GroupValues != 0;
+        int32_t dot = 0;
+        for (int64_t k = begin; k < end; ++k) {
+          const uint8_t byte = group[k % 32];
+          dot += static_cast<int32_t>(token[k]) * ((high ? byte >> 4 : byte & 0x0f) - 8);
+        }
+        sum += static_cast<float>(dot) * (f16_to_float(row_scales[b]) * token_scales[b]);
+      }
+      op.y[t * op.y_stride + r] = sum;
+    }
+  }
+}
+
 void quantize_q8_row_scalar(const float* source, int64_t cols, int8_t* values, float* block_scales) {
   for (int64_t start = 0, block = 0; start < cols; start += kQ8BlockValues, ++block) {
     const int64_t end = start + kQ8BlockValues < cols ? start + kQ8BlockValues : cols;
@@ -119,6 +151,35 @@ void* allocate_aligned(size_t bytes) {
 }
 
 
+// The f16 bits nearest `value` (round to nearest even); finite values beyond f16's range are refused
+// by the caller.
+uint16_t float_to_f16(float value) { return std::bit_cast<uint16_t>(static_cast<_Float16>(value)); }
+
+void quantize_q4_row(const float* source, int64_t cols, uint8_t* packed, uint16_t* half_scales) {
+  std::memset(packed, 0x88, static_cast<size_t>(q4_row_bytes(cols)));  // padding nibbles: q = 0
+  for (int64_t start = 0, block = 0; start < cols; start += kQ4BlockValues, ++block) {
+    const int64_t end = start + kQ4BlockValues < cols ? start + kQ4BlockValues : cols;
+    float extreme = 0.0f;
+    for (int64_t k = start; k < end; ++k) {
+      if (std::fabs(source[k]) > std::fabs(extreme)) extreme = source[k];
+    }
+    if (!std::isfinite(extreme) || std::fabs(extreme) > 8.0f * 65504.0f) {
+      fail("q4 cannot hold a block whose largest value is {} (its scale must fit an f16)", extreme);
+    }
+    const uint16_t scale_bits = extreme == 0.0f ? 0 : float_to_f16(extreme / -8.0f);
+    half_scales[block] = scale_bits;
+    const float scale = f16_to_float(scale_bits);
+    uint8_t* group = packed + start / kQ4GroupValues * (kQ4GroupValues / 2);
+    const bool high = start % kQ4GroupValues != 0;
+    for (int64_t k = start; k < end; ++k) {
+      const float q = scale == 0.0f ? 0.0f : std::nearbyint(source[k] / scale);
+      const int code = (q > 7.0f ? 7 : q < -8.0f ? -8 : static_cast<int>(q)) + 8;
+      uint8_t& byte = group[k % 32];
+      byte = high ? static_cast<uint8_t>((byte & 0x0f) | (code << 4)) : static_cast<uint8_t>((byte & 0xf0) | code);
+    }
+  }
+}
+
 }  // namespace
 
 WeightMatrix weight_matrix(const TensorView& view) {
@@ -138,9 +199,20 @@ WeightMatrix weight_matrix(const TensorView& view) {
       matrix.format = WeightFormat::kQ8;
       matrix.block_scales = view.q8_scales;
       break;
+    case DType::kQ4:
+      if (view.q4_scales == nullptr) fail("q4 tensor {} has no block scales", view.name);
+      matrix.format = WeightFormat::kQ4;
+      matrix.half_scales = view.q4_scales;
+      break;
     case DType::kF16: fail("tensor {} is F16: convert it to f32, bf16 or q8 before the fast matmul", view.name);
   }
   return matrix;
+}
+
+void quantize_q4(const float* source, int64_t rows, int64_t cols, uint8_t* packed, uint16_t* half_scales) {
+  const int64_t blocks = q4_blocks_per_row(cols);
+  const int64_t row_bytes = q4_row_bytes(cols);
+  for (int64_t r = 0; r < rows; ++r) quantize_q4_row(source + r * cols, cols, packed + r * row_bytes, half_scales + r * blocks);
 }
 
 void quantize_q8(const float* source, int64_t rows, int64_t cols, int8_t* values, float* block_scales) {
@@ -164,9 +236,10 @@ void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, 
   const size_t elements = static_cast<size_t>(tokens) * stride;
   reserve(values_, values_capacity_, elements * element_bytes);
   const int64_t scale_stride = stride / kQ8BlockValues;
-  if (format == WeightFormat::kQ8) {
+  const bool quantized = format == WeightFormat::kQ8 || format == WeightFormat::kQ4;
+  if (quantized) {
     reserve(scales_, scales_capacity_, static_cast<size_t>(tokens) * scale_stride * sizeof(float));
-    reserve(q8_steps_, q8_steps_capacity_, elements * 2);
+    reserve(q8_steps_, q8_steps_capacity_, elements * (format == WeightFormat::kQ8 ? 2 : 3));
   }
   tokens_ = tokens;
   cols_ = cols;
@@ -185,14 +258,28 @@ void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, 
         round_to_bf16(source, cols, reinterpret_cast<uint16_t*>(row));
         break;
       case WeightFormat::kQ8:
+      case WeightFormat::kQ4:
         quantize_q8_row(source, cols, reinterpret_cast<int8_t*>(row), scales_.get() + t * scale_stride);
         break;
     }
     std::memset(row + static_cast<size_t>(cols) * element_bytes, 0, padding_bytes);
-    if (format == WeightFormat::kQ8) {
-      float* scales = scales_.get() + t * scale_stride;
-      for (int64_t b = q8_blocks_per_row(cols); b < scale_stride; ++b) scales[b] = 0.0f;
-      const auto* values = reinterpret_cast<const int8_t*>(row);
+    if (!quantized) continue;
+    float* scales = scales_.get() + t * scale_stride;
+    for (int64_t b = q8_blocks_per_row(cols); b < scale_stride; ++b) scales[b] = 0.0f;
+    const auto* values = reinterpret_cast<const int8_t*>(row);
+    if (format == WeightFormat::kQ4) {
+      for (int64_t k = 0; k < stride; k += 64) {
+        std::byte* step = q8_steps_.get() + (t * stride + k) * 3;
+        std::memcpy(step, values + k, 64);
+        for (int lane = 0; lane < 16; ++lane) {
+          std::memcpy(step + 64 + 4 * lane, &scales[(k + 4 * lane) / kQ8BlockValues], 4);
+          int32_t sum = 0;
+          for (int i = 0; i < 4; ++i) sum += values[k + 4 * lane + i];
+          const int32_t correction = -8 * sum;
+          std::memcpy(step + 128 + 4 * lane, &correction, 4);
+        }
+      }
+    } else {
       for (int64_t k = 0; k < stride; k += 64) {
         std::byte* step = q8_steps_.get() + (t * stride + k) * 2;
         for (int i = 0; i < 64; ++i) step[i] = static_cast<std::byte>(static_cast<uint8_t>(values[k + i]) ^ 0x80u);
@@ -212,7 +299,8 @@ void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64
     fail("matmul: row range [{}, {}) outside a weight of {} rows", row_begin, row_end, w.rows);
   }
   if (row_begin == row_end || x.tokens() == 0) return;
-  if (w.values == nullptr || (w.format == WeightFormat::kQ8 && w.block_scales == nullptr)) {
+  if (w.values == nullptr || (w.format == WeightFormat::kQ8 && w.block_scales == nullptr) ||
+      (w.format == WeightFormat::kQ4 && w.half_scales == nullptr)) {
     fail("matmul: weight matrix of {} rows has no data", w.rows);
   }
 
@@ -226,6 +314,7 @@ void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64
   operands.tokens = x.tokens();
   operands.w = w.values;
   operands.w_scales = w.block_scales;
+  operands.w_half_scales = w.half_scales;
   operands.cols = w.cols;
   operands.y = y;
   operands.y_stride = y_stride;
@@ -248,6 +337,11 @@ void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64
       kernel = isa_at_least(isa, Isa::kAvx512) ? detail::matmul_q8_avx512
                : isa_at_least(isa, Isa::kAvx2) ? detail::matmul_q8_avx2
                                                : matmul_q8_scalar;
+      break;
+    case WeightFormat::kQ4:
+      kernel = isa_at_least(isa, Isa::kAvx512) ? detail::matmul_q4_avx512
+               : isa_at_least(isa, Isa::kAvx2) ? detail::matmul_q4_avx2
+                                               : matmul_q4_scalar;
       break;
   }
   kernel(operands, row_begin, row_end);

@@ -1,9 +1,10 @@
 // Fast matrix multiplication y = x W^T for weights in PyTorch nn.Linear layout ([out rows][in cols],
-// row-major), in f32, bf16 (used in place from the memory map) or q8 (symmetric int8, one float scale
-// per 32 consecutive weights of a row).
+// row-major), in f32, bf16 (used in place from the memory map), q8 (symmetric int8, one float scale
+// per 32 consecutive weights of a row) or q4 (4-bit, one f16 scale per 32; core/formats.h).
 //
 // Activations are converted once per matmul (PreparedActivations) into the operand format the weight
-// format wants: f32 as is, bf16 rounded to nearest even, or q8 blocks of 32 with per-block scales. Each
+// format wants: f32 as is, bf16 rounded to nearest even, or q8 blocks of 32 with per-block scales (for
+// q8 and q4 weights alike). Each
 // product is then computed from those rounded operands; only fp32 rounding of the sums differs between
 // the instruction-set paths (about 1e-7 of sum |x| |w|; tests/unit/matmul_test.cc allows 2e-6). The
 // vdpbf16ps path treats subnormal bf16 operands (below 1.2e-38) as zero.
@@ -15,8 +16,9 @@
 //
 // Paths, chosen at call time from active_isa():
 //   scalar       plain loops (the reference the SIMD paths are tested against)
-//   avx2         f32: vfmadd231ps; bf16: shift/and to f32 + vfmadd231ps; q8: vpsignb + vpmaddubsw + vpmaddwd
-//   avx512       f32: vfmadd231ps zmm; bf16: shift/and to f32 + vfmadd231ps zmm; q8: vpdpbusd (VNNI)
+//   avx2         f32: vfmadd231ps; bf16: shift/and to f32 + vfmadd231ps; q8: vpsignb + vpmaddubsw + vpmaddwd;
+//                q4: nibbles (unsigned) x int8 activations by vpmaddubsw + vpmaddwd
+//   avx512       f32: vfmadd231ps zmm; bf16: shift/and to f32 + vfmadd231ps zmm; q8 and q4: vpdpbusd (VNNI)
 //   avx512bf16   bf16: vdpbf16ps; f32 and q8 as avx512
 #pragma once
 
@@ -33,10 +35,12 @@ struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;
   int64_t rows = 0, cols = 0;
   const void* values = nullptr;          // f32 / bf16 (uint16_t bits) / int8 in [-127, 127], row-major [rows][cols]
+                                         // q4: nibbles, [rows][q4_row_bytes(cols)]
   const float* block_scales = nullptr;   // q8 only: [rows][q8_blocks_per_row(cols)]
+  const uint16_t* half_scales = nullptr; // q4 only: f16 [rows][q4_blocks_per_row(cols)]
 };
 
-// A 2-D F32, BF16 or Q8 view (use TensorView::slice for one expert of a stacked tensor) as a matrix
+// A 2-D F32, BF16, Q8 or Q4 view (use TensorView::slice for one expert of a stacked tensor) as a matrix
 // read in place. F16 and other ranks throw gemma4rt::Error: the caller converts those.
 WeightMatrix weight_matrix(const TensorView& view);
 
@@ -44,6 +48,13 @@ WeightMatrix weight_matrix(const TensorView& view);
 // of a row may be shorter) scale = absmax / 127 and value = round-to-nearest(x / scale), so
 // |x - value * scale| <= scale / 2. An all-zero block gets scale 0 and zero values.
 void quantize_q8(const float* source, int64_t rows, int64_t cols, int8_t* values, float* block_scales);
+
+// Quantises a row-major float matrix to q4: per block of 32 values of a row, the value of largest
+// magnitude m sets scale = f16(m / -8) (so m itself becomes -8 exactly, all 16 codes in use) and each
+// value becomes q = clamp(round(x / scale), -8, 7), stored as q + 8 in the nibble layout of
+// WeightFormat::kQ4 (padding nibbles hold 8, i.e. zero). An all-zero block gets scale 0. Throws
+// gemma4rt::Error for a block whose scale exceeds f16's range (|m| > 8 * 65504) or is not finite.
+void quantize_q4(const float* source, int64_t rows, int64_t cols, uint8_t* packed, uint16_t* half_scales);
 
 // Activations converted for one weight format. Buffers are reused across calls and only grow, so a
 // warmed-up decode loop does not allocate. Rows are stored with a padded stride (a multiple of 64
@@ -72,6 +83,10 @@ class PreparedActivations {
   // kQ8, the VNNI kernels' copy: [tokens][stride / 64] steps of 128 bytes, 64-byte aligned: the step's
   // 64 values + 128 as unsigned bytes, then for each int32 lane (4 values) its block's scale.
   const std::byte* q8_steps() const { return q8_steps_.get(); }
+  // kQ4 (values and scales as kQ8, plus): [tokens][stride / 64] steps of 192 bytes, 64-byte aligned:
+  // the step's 64 int8 values, each int32 lane's block scale, then each lane's int32 -8 * (sum of its
+  // 4 values), which turns a product with unsigned nibbles (q + 8) into one with q.
+  const std::byte* q4_steps() const { return q8_steps_.get(); }
 
  private:
   struct FreeDeleter {
@@ -101,12 +116,14 @@ namespace detail {
 
 struct MatmulOperands {
   const void* x;                // prepared activations: f32 / bf16 bits / int8, [tokens][x_stride], zero padded
-  const float* x_scales;        // q8: [tokens][x_stride / 32]
+  const float* x_scales;        // q8, q4: [tokens][x_stride / 32]
   const std::byte* x_q8_steps;  // q8 for VNNI: [tokens][x_stride / 64] steps of 128 bytes (PreparedActivations)
+                                // q4: steps of 192 bytes (PreparedActivations::q4_steps)
   int64_t x_stride;             // elements between tokens (a multiple of 64)
   int64_t tokens;
   const void* w;                // weights [rows][cols]
   const float* w_scales;        // q8: [rows][q8_blocks_per_row(cols)]
+  const uint16_t* w_half_scales;  // q4: f16 [rows][q4_blocks_per_row(cols)]
   int64_t cols;
   float* y;
   int64_t y_stride;
@@ -119,6 +136,8 @@ void matmul_f32_avx512(const MatmulOperands& operands, int64_t row_begin, int64_
 void matmul_bf16_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_bf16_avx512bf16(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q8_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+void matmul_q4_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+void matmul_q4_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 
 // Activation preparation, bit-identical to the scalar float_to_bf16 / quantize_q8.
 void round_to_bf16_avx2(const float* source, int64_t count, uint16_t* out);

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cpu/kernels/matmul.h"
 
@@ -41,7 +42,7 @@ __m256i load_partial(const T* source, int64_t count) {
 
 struct F32Fma {
   static constexpr int kStep = 8, kTokens = 2, kRows = 4;
-  static constexpr int64_t kWeightBytes = 4;
+  static constexpr int64_t kWeightBits = 32;
   struct Row { const float* values; };
   struct Token { const float* values; };
   using WVec = __m256;
@@ -62,7 +63,7 @@ struct F32Fma {
 // bf16 widened to fp32: even elements by a 16-bit left shift, odd ones by masking the low half.
 struct Bf16Widen {
   static constexpr int kStep = 16, kTokens = 2, kRows = 3;
-  static constexpr int64_t kWeightBytes = 2;
+  static constexpr int64_t kWeightBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
   struct Pair { __m256 even, odd; };
@@ -95,7 +96,7 @@ struct Bf16Widen {
 // with |x|, |w| <= 127 the int16 pair sums cannot saturate. One 32-byte step is one q8 block.
 struct Q8Sign {
   static constexpr int kStep = 32, kTokens = 2, kRows = 2;
-  static constexpr int64_t kWeightBytes = 1;
+  static constexpr int64_t kWeightBits = 8;
   struct Row { const int8_t* values; const float* scales; };
   struct Token { const int8_t* values; const float* scales; };
   struct WVec { __m256i values; __m256 scale; };
@@ -122,6 +123,55 @@ struct Q8Sign {
     const __m256i pairs = _mm256_maddubs_epi16(x.magnitudes, _mm256_sign_epi8(w.values, x.values));
     const __m256i dot = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w.scale, x.scale), acc);
+  }
+};
+
+// q4: the nibbles (q + 8) are vpmaddubsw's unsigned operand and the int8 activations its signed one
+// (15 * 127 * 2 cannot saturate int16); each lane's prepared -8 * sum(x) makes the int32 sum exactly
+// sum(q * x). One step is a group of 64 values: low nibbles block 2j, high nibbles block 2j+1.
+struct Q4Unsigned {
+  static_assert(kQ4BlockValues == 32 && kQ4GroupValues == 64, "a step is one group of two blocks");
+  static constexpr int kStep = 64, kTokens = 2, kRows = 2;
+  static constexpr int64_t kWeightBits = 4;
+  struct Row { const uint8_t* nibbles; const uint16_t* scales; };
+  struct Token { const std::byte* steps; };
+  struct WVec { __m256i low, high; __m256 low_scale, high_scale; };
+  struct XVec { const std::byte* step; };
+  static WVec weights(const uint8_t* nibbles, __m128 two_scales) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles));
+    const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+    return {_mm256_and_si256(packed, low_nibbles), _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles),
+            _mm256_broadcastss_ps(two_scales), _mm256_broadcastss_ps(_mm_movehdup_ps(two_scales))};
+  }
+  static __m128 scales(uint32_t bits) { return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits))); }
+  static Row row(const MatmulOperands& op, int64_t r) {
+    return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
+  }
+  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride * 3}; }
+  static void prefetch(const Row& row, int64_t k) { prefetch_ahead(row.nibbles + k / 2); }
+  static WVec load_w(const Row& row, int64_t k) {
+    uint32_t bits;
+    std::memcpy(&bits, row.scales + k / kQ4BlockValues, sizeof(bits));
+    return weights(row.nibbles + k / 2, scales(bits));
+  }
+  // Rows are padded to whole groups, so the nibbles load whole; only a missing second scale is left 0.
+  static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
+    const uint32_t first = row.scales[k / kQ4BlockValues];
+    const uint32_t second = count > kQ4BlockValues ? row.scales[k / kQ4BlockValues + 1] : 0u;
+    return weights(row.nibbles + k / 2, scales(first | (second << 16)));
+  }
+  static XVec load_x(const Token& token, int64_t k) { return {token.steps + 3 * k}; }
+  static __m256 block(__m256 acc, __m256i codes, const std::byte* values, const std::byte* correction, __m256 x_scale, __m256 w_scale) {
+    const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
+    const __m256i pairs = _mm256_maddubs_epi16(codes, x);
+    const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)),
+                                         _mm256_load_si256(reinterpret_cast<const __m256i*>(correction)));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w_scale, x_scale), acc);
+  }
+  static __m256 madd(__m256 acc, const XVec& x, const WVec& w) {
+    const auto* scales = reinterpret_cast<const float*>(x.step + 64);  // per lane; lanes 0-7 block 2j, 8-15 block 2j+1
+    acc = block(acc, w.low, x.step, x.step + 128, _mm256_broadcast_ss(scales), w.low_scale);
+    return block(acc, w.high, x.step + 32, x.step + 160, _mm256_broadcast_ss(scales + 8), w.high_scale);
   }
 };
 
@@ -219,7 +269,7 @@ void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
     for (int64_t r = row_begin; r < row_end; ++r) tile_for_tokens<P, kDecodeTokens, 1>(op.tokens, op, 0, r, 1);
     return;
   }
-  const int64_t row_bytes = op.cols * P::kWeightBytes + 64;
+  const int64_t row_bytes = op.cols * P::kWeightBits / 8 + 64;
   int64_t block_rows = kWeightBlockBytes / row_bytes / P::kRows * P::kRows;
   if (block_rows < P::kRows) block_rows = P::kRows;
   for (int64_t block = row_begin; block < row_end; block += block_rows) {
@@ -245,6 +295,10 @@ void matmul_bf16_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t
 
 void matmul_q8_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end) {
   run<Q8Sign>(operands, row_begin, row_end);
+}
+
+void matmul_q4_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end) {
+  run<Q4Unsigned>(operands, row_begin, row_end);
 }
 
 // Same arithmetic as float_to_bf16 (round to nearest even, NaNs stay quiet NaNs).

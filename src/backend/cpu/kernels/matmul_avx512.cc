@@ -69,7 +69,7 @@ inline __mmask64 mask64(int64_t count) { return count >= 64 ? ~0ull : (1ull << c
 
 struct F32Fma {
   static constexpr int kStep = 16, kTokens = 6, kRows = 4;
-  static constexpr int64_t kWeightBytes = 4, kActivationBytes = 4;
+  static constexpr int64_t kWeightBits = 32, kActivationBytes = 4;
   struct Row { const float* values; };
   struct Token { const float* values; };
   using WVec = __m512;
@@ -90,7 +90,7 @@ struct F32Fma {
 // bf16 with vdpbf16ps: 32 products per instruction, pairs summed into 16 fp32 lanes.
 struct Bf16Dot {
   static constexpr int kStep = 32, kTokens = 6, kRows = 4;
-  static constexpr int64_t kWeightBytes = 2, kActivationBytes = 2;
+  static constexpr int64_t kWeightBits = 16, kActivationBytes = 2;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
   using WVec = __m512bh;
@@ -112,7 +112,7 @@ struct Bf16Dot {
 // 16-bit left shift and the odd ones a mask away from fp32.
 struct Bf16Widen {
   static constexpr int kStep = 32, kTokens = 4, kRows = 4;
-  static constexpr int64_t kWeightBytes = 2, kActivationBytes = 2;
+  static constexpr int64_t kWeightBits = 16, kActivationBytes = 2;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
   struct Pair { __m512 even, odd; };
@@ -147,7 +147,7 @@ struct Bf16Widen {
 struct Q8Vnni {
   static_assert(kQ8BlockValues == 32, "k >> 5 below is k / kQ8BlockValues");
   static constexpr int kStep = 64, kTokens = 4, kRows = 3;
-  static constexpr int64_t kWeightBytes = 1, kActivationBytes = 2;  // 128 prepared bytes per 64 values
+  static constexpr int64_t kWeightBits = 8, kActivationBytes = 2;  // 128 prepared bytes per 64 values
   struct Row { const int8_t* values; const float* scales; };
   struct Token { const std::byte* steps; };
   struct WVec { __m512i values, negated_offset; __m512 scales; };
@@ -183,6 +183,57 @@ struct Q8Vnni {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.scales, x.scales), acc);
   }
 };
+
+// q4 with VNNI: the weights' nibbles are q + 8, unsigned, so they are vpdpbusd's unsigned operand and
+// the activations (plain int8) its signed one; each lane's -8 * sum(x) (prepared with the activations)
+// starts the integer sum, which makes it exactly sum(q * x). One step is one group of 64 values: 32
+// bytes whose low nibbles are block 2j and high nibbles block 2j+1, so the lanes line up with the
+// activations' blocks as in q8.
+struct Q4Vnni {
+  static_assert(kQ4BlockValues == 32 && kQ4GroupValues == 64, "a step is one group of two blocks");
+  static constexpr int kStep = 64, kTokens = 4, kRows = 3;
+  static constexpr int64_t kWeightBits = 4, kActivationBytes = 3;  // 192 prepared bytes per 64 values
+  struct Row { const uint8_t* nibbles; const uint16_t* scales; };
+  struct Token { const std::byte* steps; };
+  struct WVec { __m512i codes; __m512 scales; };
+  struct XVec { __m512i values, correction; __m512 scales; };
+  static WVec weights(__m256i packed, __m128i two_scales) {
+    const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+    const __m256i low = _mm256_and_si256(packed, low_nibbles);
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return {_mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1),
+            _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(two_scales)))};
+  }
+  static Row row(const MatmulOperands& op, int64_t r) {
+    return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
+  }
+  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride * 3}; }
+  static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.nibbles + k / 2, offset); }
+  static WVec load_w(const Row& row, int64_t k) {
+    uint32_t scales;
+    std::memcpy(&scales, row.scales + (k >> 5), sizeof(scales));
+    return weights(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.nibbles + k / 2)), _mm_cvtsi32_si128(static_cast<int>(scales)));
+  }
+  // Rows are padded to whole groups, so the nibbles load whole; only a missing second scale is masked.
+  static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
+    const int blocks = count > kQ4BlockValues ? 2 : 1;
+    return weights(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.nibbles + k / 2)),
+                   _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << blocks) - 1u), row.scales + (k >> 5)));
+  }
+  static XVec load_x(const Token& token, int64_t k) {
+    const std::byte* step = token.steps + 3 * k;
+    return {_mm512_load_si512(step), _mm512_load_si512(step + 128), _mm512_load_ps(reinterpret_cast<const float*>(step + 64))};
+  }
+  static __m512 madd(__m512 acc, const XVec& x, const WVec& w) {
+    const __m512i dot = _mm512_dpbusd_epi32(x.correction, w.codes, x.values);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.scales, x.scales), acc);
+  }
+};
+
+// Bytes of `values` consecutive weights of a row in policy P's storage.
+template <class P>
+constexpr int64_t weight_bytes_of(int64_t values) { return values * P::kWeightBits / 8; }
 
 // ---- the tile and the cache-blocked drivers, shared by all formats ----
 
@@ -334,15 +385,15 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   int64_t chunk = kDecodeChunkBytes / (op.tokens * P::kActivationBytes) / (2 * P::kStep) * (2 * P::kStep);
   if (chunk < 2 * P::kStep) chunk = 2 * P::kStep;
   alignas(64) __m512 carried[kDecodeBlockRows][kDecodeTokens];
-  const int64_t row_bytes = op.cols * P::kWeightBytes;
+  const int64_t row_bytes = weight_bytes_of<P>(op.cols);
   for (int64_t block = row_begin; block < row_end; block += kDecodeBlockRows) {
     const int64_t block_rows = smaller(kDecodeBlockRows, row_end - block);
     for (int64_t k0 = 0; k0 < op.cols; k0 += chunk) {
       const int64_t k1 = op.cols - k0 <= chunk ? op.cols : k0 + chunk;
       for (int64_t i = 0; i < block_rows; ++i) {
-        const int64_t here = (block + i) * row_bytes + k0 * P::kWeightBytes;
+        const int64_t here = (block + i) * row_bytes + weight_bytes_of<P>(k0);
         const int64_t next = i + 1 < block_rows ? here + row_bytes
-                             : k1 < op.cols     ? block * row_bytes + k1 * P::kWeightBytes
+                             : k1 < op.cols     ? block * row_bytes + weight_bytes_of<P>(k1)
                                                 : (block + block_rows) * row_bytes;
         tile_for_tokens<P, kDecodeTokens, 1>(op.tokens, op, 0, block + i, 1, KRange{k0, k1, carried[i], next - here});
       }
@@ -357,7 +408,7 @@ void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
   if (op.tokens <= kDecodeTokens) return run_decode<P>(op, row_begin, row_end);
   const KRange whole{0, op.cols, nullptr, 0};
-  const int64_t row_bytes = op.cols * P::kWeightBytes + 64;
+  const int64_t row_bytes = weight_bytes_of<P>(op.cols) + 64;
   int64_t block_rows = kWeightBlockBytes / row_bytes / P::kRows * P::kRows;
   if (block_rows < P::kRows) block_rows = P::kRows;
   for (int64_t block = row_begin; block < row_end; block += block_rows) {
@@ -387,6 +438,10 @@ void matmul_bf16_avx512bf16(const MatmulOperands& operands, int64_t row_begin, i
 
 void matmul_q8_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end) {
   run<Q8Vnni>(operands, row_begin, row_end);
+}
+
+void matmul_q4_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end) {
+  run<Q4Vnni>(operands, row_begin, row_end);
 }
 
 // Same arithmetic as float_to_bf16: add 0x7fff plus the lowest kept bit, keep the top half; NaNs stay
