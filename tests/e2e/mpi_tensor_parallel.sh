@@ -35,9 +35,9 @@ else
   status=1
 fi
 
-# The server under mpirun: rank 0 answers HTTP, rank 1 mirrors every engine step. SIGTERM drains: a
-# request in flight when the signal arrives still gets every token, whether mpirun forwards the signal or
-# rank 0 gets it directly (then mpirun's own status is 0 too).
+# The server under mpirun: rank 0 answers HTTP, rank 1 mirrors every engine step. SIGTERM to rank 0
+# drains: a request in flight when the signal arrives still gets every token and mpirun exits 0.
+# SIGTERM to mpirun ends the job (OpenMPI kills the ranks soon after forwarding it).
 models="$data/../../models"
 serve_and_stop() {  # $1: "mpirun" or "rank0" (who gets SIGTERM); prints the answers and the status
   local port=$((20000 + RANDOM % 20000)) server answer="" long="" rank0
@@ -83,13 +83,25 @@ PY
 }
 for who in mpirun rank0; do
   IFS='|' read -r answer long mpirun_status <<<"$(serve_and_stop "$who")"
+  if [ "$who" = mpirun ]; then
+    # mpirun forwards SIGTERM and kills its ranks a second later (OpenMPI's odls_base_sigkill_timeout),
+    # so the in-flight request may be cut off (a slow, e.g. sanitized, build never finishes it in time);
+    # what must hold is the answer before, and a job that ends with no rank left behind.
+    if [ "$answer" = "The capital of Japan is Tokyo." ] && ! pgrep -f "gemma4rt serve --model $models/tiny-e2b" >/dev/null; then
+      echo "serve under mpirun -np 2 --tp 2 answers '$answer'; SIGTERM to mpirun ended the job (in-flight request: $long of 3000 tokens)"
+    else
+      echo "serve under mpirun -np 2 --tp 2, SIGTERM to mpirun: answer '$answer', ranks left: $(pgrep -fc "gemma4rt serve --model $models/tiny-e2b")"
+      status=1
+    fi
+    continue
+  fi
   if [ "$answer" = "The capital of Japan is Tokyo." ] && [ "$long" = 3000 ]; then
     echo "serve under mpirun -np 2 --tp 2 answers '$answer'; SIGTERM to $who let the in-flight request finish ($long tokens)"
   else
     echo "serve under mpirun -np 2 --tp 2, SIGTERM to $who: answer '$answer', in-flight request got '$long' of 3000 tokens"
     status=1
   fi
-  if [ "$who" = rank0 ] && [ "$mpirun_status" != 0 ]; then
+  if [ "$mpirun_status" != 0 ]; then
     echo "SIGTERM to rank 0: mpirun exited $mpirun_status, expected 0"
     status=1
   fi

@@ -269,9 +269,10 @@ TEST(VerifyLibrary, ReferenceAgainstItselfIsExact) {
   }
 }
 
-// KL(reference || fast) of one step, against a hand-computed value: two logits [0, ln 3] (p = 1/4, 3/4)
-// against [0, 0] (q = 1/2, 1/2): KL = 1/4 ln(1/2) + 3/4 ln(3/2).
-TEST(VerifyLibrary, KlDivergenceOfOneStep) {
+// compare_paths' per-step KL and top-1 agreement on a q4 fast path, and kl_divergence against a value
+// computed by hand: logits [0, ln 3] (p = 1/4, 3/4) against [0, 0] (q = 1/2, 1/2) give
+// KL = 1/4 ln(1/2) + 3/4 ln(3/2).
+TEST(VerifyLibrary, KlDivergencePerStep) {
   auto model = Model::load(kGolden / "tiny-e4b");
   EngineOptions reference_options;
   reference_options.backend = "reference";

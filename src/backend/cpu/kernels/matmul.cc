@@ -50,15 +50,15 @@ void matmul_bf16_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row
   }
 }
 
-// Exact int32 dot product per block, scaled by w_scale * x_scale and summed in fp32.
-void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+// Exact int32 dot product per block of 32 activations, scaled by w_scale * x_scale and summed in fp32;
+// weight(r, k) gives a weight's integer value and weight_scale(r, b) its block's scale.
+template <class WeightValue, class WeightScale>
+void matmul_blocks_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end, WeightValue weight, WeightScale weight_scale) {
+  static_assert(kQ8BlockValues == kQ4BlockValues, "q8 and q4 weights share the activations' blocks");
   const auto* x = static_cast<const int8_t*>(op.x);
-  const auto* w = static_cast<const int8_t*>(op.w);
   const int64_t blocks = q8_blocks_per_row(op.cols);
   const int64_t x_blocks = op.x_stride / kQ8BlockValues;
   for (int64_t r = row_begin; r < row_end; ++r) {
-    const int8_t* row = w + r * op.cols;
-    const float* row_scales = op.w_scales + r * blocks;
     for (int64_t t = 0; t < op.tokens; ++t) {
       const int8_t* token = x + t * op.x_stride;
       const float* token_scales = op.x_scales + t * x_blocks;
@@ -67,43 +67,34 @@ void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_e
         const int64_t begin = b * kQ8BlockValues;
         const int64_t end = begin + kQ8BlockValues < op.cols ? begin + kQ8BlockValues : op.cols;
         int32_t dot = 0;
-        for (int64_t k = begin; k < end; ++k) dot += static_cast<int32_t>(token[k]) * row[k];
-        sum += static_cast<float>(dot) * (row_scales[b] * token_scales[b]);
+        for (int64_t k = begin; k < end; ++k) dot += static_cast<int32_t>(token[k]) * weight(r, k);
+        sum += static_cast<float>(dot) * (weight_scale(r, b) * token_scales[b]);
       }
       op.y[t * op.y_stride + r] = sum;
     }
   }
 }
 
-// The same per-block exact integer dot product as q8, with the weight's nibble q + 8 shifted back.
+void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  const auto* w = static_cast<const int8_t*>(op.w);
+  const int64_t blocks = q8_blocks_per_row(op.cols);
+  matmul_blocks_scalar(
+      op, row_begin, row_end, [&](int64_t r, int64_t k) { return static_cast<int32_t>(w[r * op.cols + k]); },
+      [&](int64_t r, int64_t b) { return op.w_scales[r * blocks + b]; });
+}
+
+// The weight's nibble holds q + 8 (layout in core/formats.h).
 void matmul_q4_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
-  const auto* x = static_cast<const int8_t*>(op.x);
   const auto* w = static_cast<const uint8_t*>(op.w);
   const int64_t blocks = q4_blocks_per_row(op.cols);
   const int64_t row_bytes = q4_row_bytes(op.cols);
-  const int64_t x_blocks = op.x_stride / kQ4BlockValues;
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* row = w + r * row_bytes;
-    const uint16_t* row_scales = op.w_half_scales + r * blocks;
-    for (int64_t t = 0; t < op.tokens; ++t) {
-      const int8_t* token = x + t * op.x_stride;
-      const float* token_scales = op.x_scales + t * x_blocks;
-      float sum = 0.0f;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t begin = b * kQ4BlockValues;
-        const int64_t end = begin + kQ4BlockValues < op.cols ? begin + kQ4BlockValues : op.cols;
-        const uint8_t* group = row + begin / kQ4GroupValues * (kQ4GroupValues / 2);
-        const bool high = begin % kQ4GroupValues != 0;
-        int32_t dot = 0;
-        for (int64_t k = begin; k < end; ++k) {
-          const uint8_t byte = group[k % 32];
-          dot += static_cast<int32_t>(token[k]) * ((high ? byte >> 4 : byte & 0x0f) - 8);
-        }
-        sum += static_cast<float>(dot) * (f16_to_float(row_scales[b]) * token_scales[b]);
-      }
-      op.y[t * op.y_stride + r] = sum;
-    }
-  }
+  matmul_blocks_scalar(
+      op, row_begin, row_end,
+      [&](int64_t r, int64_t k) {
+        const uint8_t byte = w[r * row_bytes + k / kQ4GroupValues * (kQ4GroupValues / 2) + k % 32];
+        return static_cast<int32_t>(k % kQ4GroupValues < 32 ? byte & 0x0f : byte >> 4) - 8;
+      },
+      [&](int64_t r, int64_t b) { return f16_to_float(op.w_half_scales[r * blocks + b]); });
 }
 
 void quantize_q8_row_scalar(const float* source, int64_t cols, int8_t* values, float* block_scales) {

@@ -197,13 +197,15 @@ struct Q4Vnni {
   struct Token { const std::byte* steps; };
   struct WVec { __m512i codes; __m512 scales; };
   struct XVec { __m512i values, correction; __m512 scales; };
-  static WVec weights(__m256i packed, __m128i two_scales) {
-    const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
-    const __m256i low = _mm256_and_si256(packed, low_nibbles);
-    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
-    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    return {_mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1),
-            _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(two_scales)))};
+  // The group's 32 bytes in both halves of a register, shifted right by 0 (low half) or 4 (high half)
+  // bits and masked: the low nibbles, then the high ones. The two f16 scales are spread to eight lanes
+  // each by one byte shuffle of their broadcast before the conversion.
+  static WVec weights(const uint8_t* nibbles, uint32_t two_scales) {
+    const __m512i packed = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles)));
+    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi64(packed, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0x0f));
+    const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    const __m256i halves = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(two_scales)), spread);
+    return {codes, _mm512_cvtph_ps(halves)};
   }
   static Row row(const MatmulOperands& op, int64_t r) {
     return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
@@ -213,13 +215,13 @@ struct Q4Vnni {
   static WVec load_w(const Row& row, int64_t k) {
     uint32_t scales;
     std::memcpy(&scales, row.scales + (k >> 5), sizeof(scales));
-    return weights(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.nibbles + k / 2)), _mm_cvtsi32_si128(static_cast<int>(scales)));
+    return weights(row.nibbles + k / 2, scales);
   }
-  // Rows are padded to whole groups, so the nibbles load whole; only a missing second scale is masked.
+  // Rows are padded to whole groups, so the nibbles load whole; only a missing second scale is left 0.
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    const int blocks = count > kQ4BlockValues ? 2 : 1;
-    return weights(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.nibbles + k / 2)),
-                   _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << blocks) - 1u), row.scales + (k >> 5)));
+    const uint32_t first = row.scales[k >> 5];
+    const uint32_t second = count > kQ4BlockValues ? row.scales[(k >> 5) + 1] : 0u;
+    return weights(row.nibbles + k / 2, first | (second << 16));
   }
   static XVec load_x(const Token& token, int64_t k) {
     const std::byte* step = token.steps + 3 * k;
