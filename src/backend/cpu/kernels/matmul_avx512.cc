@@ -211,7 +211,7 @@ struct Q4Vnni {
     return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
   }
   static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride * 3}; }
-  static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.nibbles + k / 2, offset); }
+  static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.nibbles + (k >> 1), offset); }
   static WVec load_w(const Row& row, int64_t k) {
     uint32_t scales;
     std::memcpy(&scales, row.scales + (k >> 5), sizeof(scales));
