@@ -46,6 +46,18 @@ int threads_per_rank(const EngineOptions& options) {
   return std::max(1, total / options.tensor_parallel);
 }
 
+// MemAvailable of /proc/meminfo in bytes; 0 where there is none to read.
+uint64_t available_host_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kilobytes = 0;
+  std::string unit;
+  while (meminfo >> key >> kilobytes >> unit) {
+    if (key == "MemAvailable:") return kilobytes * 1024;
+  }
+  return 0;
+}
+
 // Columns [first, first + count) of a 2-D weight, copied to floats held in `storage` (the row-parallel
 // products o_proj and down_proj read a column block, which is not contiguous in the checkpoint).
 TensorView columns_copy(const TensorView& view, int64_t first, int64_t count, std::vector<float>& storage) {
@@ -256,24 +268,9 @@ void Transformer::load() {
   }
 }
 
-// A device with its own memory must hold the model: the deployment planner's arithmetic says before
-// anything is uploaded.
-namespace {
-
-// MemAvailable of /proc/meminfo in bytes; 0 where there is none to read.
-uint64_t available_host_memory() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  uint64_t kilobytes = 0;
-  std::string unit;
-  while (meminfo >> key >> kilobytes >> unit) {
-    if (key == "MemAvailable:") return kilobytes * 1024;
-  }
-  return 0;
-}
-
-}  // namespace
-
+// The context must be one the model was trained for, and what is allocated must fit: on a device
+// with its own memory the whole model (the deployment planner's arithmetic, before anything is
+// uploaded), on the host the KV cache and scratch.
 uint64_t Transformer::check_fits(KvFormat kv_format) const {
   if (config_.max_position_embeddings > 0 && options_.context_tokens > config_.max_position_embeddings) {
     fail("a context of {} tokens exceeds what the model was trained for (max_position_embeddings {})", options_.context_tokens,

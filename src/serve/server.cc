@@ -159,6 +159,15 @@ std::string dump(const json& value) { return value.dump(-1, ' ', false, json::er
 
 std::string sse(const json& data) { return "data: " + dump(data) + "\n\n"; }
 
+// A request body parsed as bounded JSON (core/json_input); what is wrong with it is a 400.
+json request_json(const std::string& body) {
+  try {
+    return parse_json(body, "the request body");
+  } catch (const Error& error) {
+    throw invalid_request(error.what());
+  }
+}
+
 // HTTP worker threads, started as connections need them and reused; a thread idle for kIdleThread
 // ends, so a burst of connections does not keep thousands of threads for the life of the server. A
 // fixed pool would let long streams and queued requests (each holds its connection's thread) take
@@ -513,6 +522,12 @@ void Server::log_request(const std::string& route, int status, const std::string
   if (options_.log_requests) fmt::print(stderr, "gemma4rt serve: {} {} {}\n", route, status, detail);
 }
 
+bool Server::model_ready(httplib::Response& response, const std::string& route) {
+  if (ready_.load()) return true;
+  send_error(response, ApiError(503, "server_error", "the model is still loading"), route);
+  return false;
+}
+
 bool Server::authorized(const httplib::Request& request, httplib::Response& response) {
   if (options_.api_key.empty()) return true;
   const std::string expected = "Bearer " + options_.api_key;
@@ -569,20 +584,14 @@ void Server::start() {
   });
   http.Get("/v1/models", [this](const httplib::Request& request, httplib::Response& response) {
     if (!authorized(request, response)) return;
-    if (!ready_.load()) {
-      send_error(response, ApiError(503, "server_error", "the model is still loading"), "/v1/models");
-      return;
-    }
+    if (!model_ready(response, "/v1/models")) return;
     response.set_content(dump({{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
     metrics_.count_request("/v1/models", 200);
   });
   // One model by id (OpenAI's models.retrieve).
   http.Get("/v1/models/(.+)", [this](const httplib::Request& request, httplib::Response& response) {
     if (!authorized(request, response)) return;
-    if (!ready_.load()) {
-      send_error(response, ApiError(503, "server_error", "the model is still loading"), "/v1/models");
-      return;
-    }
+    if (!model_ready(response, "/v1/models")) return;
     const std::string id = request.matches[1];
     if (id != state_->model.id) {
       send_error(response, ApiError(404, "invalid_request_error", fmt::format("the model '{}' does not exist; this server serves '{}'", id, state_->model.id), "model", "model_not_found"),
@@ -598,22 +607,14 @@ void Server::start() {
     const std::string route = encode ? "/tokenize" : "/detokenize";
     http.Post(route, [this, encode, route](const httplib::Request& request, httplib::Response& response, const httplib::ContentReader& reader) {
       if (!authorized(request, response)) return;
-      if (!ready_.load()) {
-        send_error(response, ApiError(503, "server_error", "the model is still loading"), route);
-        return;
-      }
+      if (!model_ready(response, route)) return;
       auto body = read_body(request, response, reader, options_.max_body_bytes);
       if (const BodyError* error = std::get_if<BodyError>(&body)) {
         send_error(response, ApiError(error->status, "invalid_request_error", error->message), route);
         return;
       }
       try {
-        json parsed;
-        try {
-          parsed = parse_json(std::get<std::string>(body), "the request body");
-        } catch (const Error& error) {
-          throw invalid_request(error.what());
-        }
+        const json parsed = request_json(std::get<std::string>(body));
         const json answer = encode ? tokenize(parsed) : detokenize(parsed);
         response.set_content(dump(answer), "application/json");
         metrics_.count_request(route, 200);
@@ -626,10 +627,7 @@ void Server::start() {
   // Model facts a client needs before sending requests (llama-server's /props, in our terms).
   http.Get("/props", [this](const httplib::Request& request, httplib::Response& response) {
     if (!authorized(request, response)) return;
-    if (!ready_.load()) {
-      send_error(response, ApiError(503, "server_error", "the model is still loading"), "/props");
-      return;
-    }
+    if (!model_ready(response, "/props")) return;
     const ServedModel& model = state_->model;
     response.set_content(dump({{"model", model.id},
                                 {"n_ctx", model.context_tokens},
@@ -732,19 +730,11 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
     send_error(response, ApiError(503, "server_error", "the server is shutting down"), route);
     return;
   }
-  if (!ready_.load()) {
-    send_error(response, ApiError(503, "server_error", "the model is still loading"), route);
-    return;
-  }
+  if (!model_ready(response, route)) return;
   ServingState& state = *state_;
   ParsedRequest request;
   try {
-    json body;
-    try {
-      body = parse_json(http_body, "the request body");
-    } catch (const Error& error) {
-      throw invalid_request(error.what());
-    }
+    const json body = request_json(http_body);
     request = chat ? parse_chat_request(body, state.model) : parse_completion_request(body, state.model);
   } catch (const ApiError& error) {
     send_error(response, error, route);

@@ -57,6 +57,8 @@ class Server {
  private:
   void handle_completion(const httplib::Request& request, const std::string& body, httplib::Response& response, bool chat);
   bool authorized(const httplib::Request& request, httplib::Response& response);
+  // Whether the model has loaded; if not, answers 503 on `route`.
+  bool model_ready(httplib::Response& response, const std::string& route);
   void send_error(httplib::Response& response, const ApiError& error, const std::string& route);
   void log_request(const std::string& route, int status, const std::string& detail) const;
   nlohmann::json tokenize(const nlohmann::json& body) const;    // throws ApiError

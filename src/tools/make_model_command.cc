@@ -2,7 +2,6 @@
 // Gemma-4 variant (or of any config.json), so the engine can be benchmarked at full size without
 // downloading weights. Progress goes to stderr, a one-line summary to stdout.
 #include <cmath>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -36,16 +35,12 @@ std::string group_digits(int64_t value) {
   return digits;
 }
 
-nlohmann::json read_config_file(const std::string& path) {
-  return parse_json_file(path);
-}
-
 int make_model(const MakeModelFlags& flags) {
   nlohmann::json config_json;
   std::string description;
   if (!flags.config_file.empty()) {
     if (flags.layers != 0) fail("--layers applies to --shape; edit num_hidden_layers in the --config file instead");
-    config_json = read_config_file(flags.config_file);
+    config_json = parse_json_file(flags.config_file);
     description = flags.config_file;
   } else {
     config_json = reference_config(flags.shape, flags.layers > 0 ? std::optional<int>(flags.layers) : std::nullopt);

@@ -96,19 +96,23 @@ void expect_mostly_refused(int refused, const std::filesystem::path& dir, const 
   EXPECT_FALSE(expect_clean(dir, prompt, "the original files"));
 }
 
-TEST(Fuzz, ConfigJson) {
-  const std::string original = read_text_file(kSource / "config.json");
-  const auto dir = fresh_work_dir("fuzz/config");
+// kCases mutations of the text file `name` of the source checkpoint (seeds from `first_seed`), each run
+// with `prompt`: a clean result every time, most of them refused.
+void fuzz_text_file(const std::string& name, uint32_t first_seed, const std::vector<std::string>& prompt) {
+  const std::string original = read_text_file(kSource / name);
+  const auto dir = fresh_work_dir("fuzz/" + name);
   copy_checkpoint(kSource, dir);
   int refused = 0;
   for (int seed = 0; seed < kCases; ++seed) {
-    std::mt19937 random(static_cast<uint32_t>(seed));
+    std::mt19937 random(first_seed + static_cast<uint32_t>(seed));
     std::string what;
-    write_text_file(dir / "config.json", mutate(original, random, what));
-    refused += expect_clean(dir, {"--prompt-ids", "2,17"}, fmt::format("config.json seed {}: {}", seed, what));
+    write_text_file(dir / name, mutate(original, random, what));
+    refused += expect_clean(dir, prompt, fmt::format("{} seed {}: {}", name, seed, what));
   }
-  expect_mostly_refused(refused, dir, {"--prompt-ids", "2,17"});
+  expect_mostly_refused(refused, dir, prompt);
 }
+
+TEST(Fuzz, ConfigJson) { fuzz_text_file("config.json", 0, {"--prompt-ids", "2,17"}); }
 
 TEST(Fuzz, SafetensorsHeader) {
   const std::string original = read_text_file(kSource / "model.safetensors");
@@ -136,19 +140,7 @@ TEST(Fuzz, SafetensorsHeader) {
   expect_mostly_refused(refused, dir, {"--prompt-ids", "2,17"});
 }
 
-TEST(Fuzz, TokenizerJson) {
-  const std::string original = read_text_file(kSource / "tokenizer.json");
-  const auto dir = fresh_work_dir("fuzz/tokenizer");
-  copy_checkpoint(kSource, dir);
-  int refused = 0;
-  for (int seed = 0; seed < kCases; ++seed) {
-    std::mt19937 random(static_cast<uint32_t>(2000 + seed));
-    std::string what;
-    write_text_file(dir / "tokenizer.json", mutate(original, random, what));
-    refused += expect_clean(dir, {"--chat", "What is the capital of France?"}, fmt::format("tokenizer.json seed {}: {}", seed, what));
-  }
-  expect_mostly_refused(refused, dir, {"--chat", "What is the capital of France?"});
-}
+TEST(Fuzz, TokenizerJson) { fuzz_text_file("tokenizer.json", 2000, {"--chat", "What is the capital of France?"}); }
 
 }  // namespace
 }  // namespace gemma4rt::testing
