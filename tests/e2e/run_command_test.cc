@@ -67,28 +67,20 @@ TEST_P(RunGolden, BackendFlagSelectsTheBackend) {
 INSTANTIATE_TEST_SUITE_P(AllVariants, RunGolden,
                          ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"), string_param_name);
 
-// The trained models through the default path, and through the Vulkan backend in bf16 and q8.
-class Coherence : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
-
-std::vector<std::string> path_arguments(const std::string& path) {
-  if (path == "vulkan_bf16") return {"--backend", "vulkan", "--device", std::to_string(vulkan_test_device()), "--dtype", "bf16"};
-  if (path == "vulkan_q8") return {"--backend", "vulkan", "--device", std::to_string(vulkan_test_device()), "--dtype", "q8"};
-  return {};
-}
+// The trained models through the CLI on the default path (the Vulkan backend's answers are checked in
+// process, one engine per model: tests/golden/fast_path_agreement_test.cc).
+class Coherence : public ::testing::TestWithParam<std::string> {};
 
 // Capital questions through --chat (the chat format renders and tokenizes them), completions through
 // --prompt; the answer's tokens, stop token included, and its text are exactly the reference's.
 TEST_P(Coherence, AnswersEveryListedPrompt) {
-  const auto& [model, path] = GetParam();
-  const auto model_dir = kModels / model;
+  const auto model_dir = kModels / GetParam();
   const nlohmann::json fixture = read_json_file(model_dir / "coherence.json");
   int answered = 0;
   for (const auto& prompt : fixture["prompts"]) {
     const std::string kind = prompt["kind"];
     SCOPED_TRACE(prompt["id"].get<std::string>() + " " + kind);
     std::vector<std::string> arguments = {"--model", model_dir.string(), "--max-tokens", "40"};
-    const std::vector<std::string> backend = path_arguments(path);
-    arguments.insert(arguments.end(), backend.begin(), backend.end());
     if (kind == "raw_completion") {
       arguments.insert(arguments.end(), {"--prompt", prompt["text"].get<std::string>()});
     } else if (kind == "chat_capital_of_country" || kind == "chat_country_of_capital") {
@@ -110,9 +102,7 @@ TEST_P(Coherence, AnswersEveryListedPrompt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TrainedModels, Coherence,
-                         ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
-                                            ::testing::Values("cpu", "vulkan_bf16", "vulkan_q8")),
-                         [](const auto& info) { return test_identifier(std::get<0>(info.param) + "_" + std::get<1>(info.param)); });
+                         ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"), string_param_name);
 
 // Without a Vulkan driver, --backend vulkan fails with one clear line; the binary itself still runs.
 TEST(VulkanBackend, NoDriverIsOneClearError) {

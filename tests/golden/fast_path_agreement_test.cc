@@ -111,7 +111,7 @@ namespace {
 
 // The trained coherence models answer every listed prompt exactly in bf16, q8 and q4 too: HF computing in
 // bf16 does (models/README.md), so a fast path that does not is suspect whatever else it agrees with.
-void expect_answers_every_prompt(const std::string& name, WeightFormat format, int tensor_parallel) {
+void expect_answers_every_prompt(const std::string& name, WeightFormat format, int tensor_parallel, const std::string& backend = "cpu") {
   const std::string directory = std::string(GEMMA4RT_MODELS) + "/" + name;
   auto model = Model::load(directory);
   const nlohmann::json fixture = testing::read_json_file(directory + "/coherence.json");
@@ -119,6 +119,8 @@ void expect_answers_every_prompt(const std::string& name, WeightFormat format, i
   options.context_tokens = 256;
   options.weight_format = format;
   options.tensor_parallel = tensor_parallel;
+  options.backend = backend;
+  if (backend == "vulkan") options.device = testing::vulkan_test_device();
   Transformer transformer(*model, options);
   GenerationOptions generation;
   generation.max_tokens = 40;
@@ -145,6 +147,22 @@ TEST_P(FastPathCoherence, AnswersEveryPrompt) {
 class ShardedQ4Coherence : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ShardedQ4Coherence, AnswersEveryPrompt) { expect_answers_every_prompt(GetParam(), WeightFormat::kQ4, 2); }
+
+// The Vulkan backend (lavapipe on CI machines) in bf16 and q8, one engine per model: the chat format and
+// the CLI around it are the cpu path's, tested by the run command's Coherence tests.
+class VulkanCoherence : public ::testing::TestWithParam<std::tuple<std::string, WeightFormat>> {};
+
+TEST_P(VulkanCoherence, AnswersEveryPrompt) {
+  const auto& [name, format] = GetParam();
+  expect_answers_every_prompt(name, format, 1, "vulkan");
+}
+
+INSTANTIATE_TEST_SUITE_P(TrainedModels, VulkanCoherence,
+                         ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
+                                            ::testing::Values(WeightFormat::kBF16, WeightFormat::kQ8)),
+                         [](const auto& info) {
+                           return testing::test_identifier(std::get<0>(info.param) + "_" + format_name(std::get<1>(info.param)));
+                         });
 
 INSTANTIATE_TEST_SUITE_P(TrainedModels, ShardedQ4Coherence, ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
                          [](const auto& info) { return testing::test_identifier(info.param); });
