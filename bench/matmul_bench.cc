@@ -352,7 +352,7 @@ const bool kRegistered = [] {
   for (int threads : {1, 2}) {
     for (const Shape& shape : kDecodeShapes) {
       for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
-        for (int64_t tokens : {1, 2, 4, 8}) {
+        for (int64_t tokens : {1, 2, 4, 8, 16}) {
           add_matmul("Decode", {format, detected_isa(), shape.rows, shape.cols, tokens, threads, true});
         }
       }

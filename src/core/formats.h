@@ -11,9 +11,13 @@ namespace gemma4rt {
 // Weights as a backend multiplies them. kQ8: symmetric int8 with one fp32 scale per kQ8BlockValues
 // consecutive values of a row (the last block of a row may be shorter), as `gemma4rt quantize` writes.
 // kQ4: 4-bit integers q in [-8, 7] with one f16 scale per kQ4BlockValues values of a row (value =
-// q * scale), stored as q + 8 in nibbles: each group of 64 values of a row is 32 bytes whose low
-// nibbles hold values 0-31 of the group and whose high nibbles hold values 32-63, and a row is padded
-// with zero nibbles to whole groups. 4.5 bits per weight with the scales.
+// q * scale), stored as q + 8 in nibbles. A row is cut into superblocks of 512 values (16 blocks), each
+// 256 bytes: the blocks side by side in columns of 4 values, so that one 64-byte vector holds 4 values
+// of every block. Value v of a superblock (block b = v / 32, column c = v % 32 / 4, i = v % 4) is in
+// byte 64 * (c / 2) + 4 * b + i, in its low nibble for even c and its high nibble for odd c. A row's
+// last superblock may have fewer blocks, n: then 4 * n takes the place of 64, and its last block is
+// padded with q = 0 (q4_nibble_at has the formula). A SIMD dot product sums each block in its own
+// 32-bit lane and scales once per superblock. 4.5 bits per weight with the scales.
 enum class WeightFormat { kF32, kBF16, kQ8, kQ4 };
 
 // KV cache elements.
@@ -24,11 +28,25 @@ inline constexpr int64_t kQ8BlockValues = 32;
 inline int64_t q8_blocks_per_row(int64_t cols) { return (cols + kQ8BlockValues - 1) / kQ8BlockValues; }
 
 inline constexpr int64_t kQ4BlockValues = 32;
-inline constexpr int64_t kQ4GroupValues = 64;  // values sharing one 32-byte run of nibbles
+inline constexpr int64_t kQ4SuperblockValues = 512;
+inline constexpr int64_t kQ4SuperblockBytes = kQ4SuperblockValues / 2;
 
 inline int64_t q4_blocks_per_row(int64_t cols) { return (cols + kQ4BlockValues - 1) / kQ4BlockValues; }
-// Bytes of one row's nibbles (padded to whole groups of 64 values).
-inline int64_t q4_row_bytes(int64_t cols) { return (cols + kQ4GroupValues - 1) / kQ4GroupValues * (kQ4GroupValues / 2); }
+// Bytes of one row's nibbles: 16 per block.
+inline int64_t q4_row_bytes(int64_t cols) { return q4_blocks_per_row(cols) * (kQ4BlockValues / 2); }
+
+struct Q4NibbleAt {
+  int64_t byte;  // from the start of the row
+  bool high;     // the byte's high nibble
+};
+// Where value `column` of a row of `cols` values is stored (the layout above).
+inline Q4NibbleAt q4_nibble_at(int64_t column, int64_t cols) {
+  const int64_t superblock = column / kQ4SuperblockValues, in_superblock = column % kQ4SuperblockValues;
+  const int64_t blocks_here = q4_blocks_per_row(cols) - superblock * (kQ4SuperblockValues / kQ4BlockValues);
+  const int64_t lanes = blocks_here < 16 ? blocks_here : 16;
+  const int64_t block = in_superblock / kQ4BlockValues, four = in_superblock % kQ4BlockValues / 4;
+  return {superblock * kQ4SuperblockBytes + 4 * lanes * (four / 2) + 4 * block + in_superblock % 4, four % 2 == 1};
+}
 
 // Bytes of a [rows, cols] matrix in `format` (q8 and q4: the values and their block scales).
 inline int64_t weight_bytes(int64_t rows, int64_t cols, WeightFormat format) {

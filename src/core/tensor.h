@@ -46,7 +46,7 @@ struct TensorView {
   std::vector<int64_t> shape;
   const std::byte* data = nullptr;
   const float* q8_scales = nullptr;  // kQ8 only: [rows][ceil(last dimension / 32)]
-  const uint16_t* q4_scales = nullptr;  // kQ4 only: f16 [rows][ceil(last dimension / 32)]
+  const uint16_t* q4_scales = nullptr;  // kQ4 only: f16 [rows][q4_blocks_per_row(last dimension)]
 
   bool empty() const { return data == nullptr; }
   int64_t element_count() const {
@@ -75,9 +75,9 @@ struct TensorView {
       case DType::kQ4: {
         const int64_t columns = shape.back();
         const int64_t row = index / columns, column = index % columns;
-        const int64_t in_group = column % kQ4GroupValues;
-        const auto byte = static_cast<uint8_t>(data[row * q4_row_bytes(columns) + column / kQ4GroupValues * (kQ4GroupValues / 2) + in_group % 32]);
-        const int nibble = in_group < 32 ? (byte & 0x0f) : (byte >> 4);
+        const Q4NibbleAt at = q4_nibble_at(column, columns);
+        const auto byte = static_cast<uint8_t>(data[row * q4_row_bytes(columns) + at.byte]);
+        const int nibble = at.high ? (byte >> 4) : (byte & 0x0f);
         return static_cast<float>(nibble - 8) * f16_to_float(q4_scales[row * q4_blocks_per_row(columns) + column / kQ4BlockValues]);
       }
     }

@@ -64,8 +64,12 @@ struct TestWeights {
 // Weight (r, k) of a q4 matrix, decoded from the layout core/formats.h describes.
 double q4_value(const TestWeights& weights, int64_t r, int64_t k) {
   const int64_t cols = weights.matrix.cols;
-  const uint8_t byte = weights.q4[r * q4_row_bytes(cols) + k / 64 * 32 + k % 32];
-  const int code = k % 64 < 32 ? byte & 0x0f : byte >> 4;
+  // Superblocks of 512 values, 256 bytes (the last one: 16 bytes per block it has); value v of one:
+  // block b = v / 32, column c = v % 32 / 4.
+  const int64_t v = k % 512, b = v / 32, c = v % 32 / 4;
+  const int64_t blocks_in_row = (cols + 31) / 32, lanes = std::min<int64_t>(16, blocks_in_row - k / 512 * 16);
+  const uint8_t byte = weights.q4[r * blocks_in_row * 16 + k / 512 * 256 + 4 * lanes * (c / 2) + 4 * b + v % 4];
+  const int code = c % 2 == 0 ? byte & 0x0f : byte >> 4;
   return static_cast<double>(code - 8) * f16_to_float(weights.half_scales[r * q4_blocks_per_row(cols) + k / 32]);
 }
 
@@ -420,25 +424,34 @@ TEST(Matmul, WeightMatrixFromViews) {
   EXPECT_THROW(weight_matrix(view), Error);
 }
 
-// The q4 layout written out by hand: codes 0..15 in both blocks of a group (block 0's largest value is
-// negative, block 1's positive, so their scales differ in sign), then a short third block whose
-// missing values are padding nibbles (8, i.e. zero).
+// The q4 layout written out by hand: a row of 600 values is one superblock of 512 and a last one of 3
+// blocks (88 values: the last block padded with code 8, i.e. zero). Block 0 has codes 0..15 (its
+// largest value is negative), block 1 the same with a positive largest value, so their scales differ
+// in sign. Byte 64 p + 4 b + i of a full superblock holds value 32 b + 8 p + i of block b in its low
+// nibble and value 32 b + 8 p + 4 + i in its high nibble; in the last one 4 * 3 replaces 64.
 TEST(Matmul, Q4LayoutIsTheDocumentedOne) {
-  const int64_t cols = 70;
+  const int64_t cols = 600;
   std::vector<float> row(cols);
   for (int64_t k = 0; k < 32; ++k) row[k] = static_cast<float>(k % 16 - 8) * 0.25f;        // m = -2: scale 0.25
   for (int64_t k = 32; k < 64; ++k) row[k] = -static_cast<float>(k % 16 - 8) * 0.25f;      // m = 2: scale -0.25
-  for (int64_t k = 64; k < cols; ++k) row[k] = static_cast<float>(k - 64 - 8) * 1.0f;      // m = -8: scale 1
+  for (int64_t k = 64; k < cols; ++k) row[k] = static_cast<float>(k % 16 - 8) * 1.0f;      // m = -8: scale 1
   std::vector<uint8_t> packed(static_cast<size_t>(q4_row_bytes(cols)));
   std::vector<uint16_t> scales(static_cast<size_t>(q4_blocks_per_row(cols)));
-  ASSERT_EQ(packed.size(), 64u);
-  ASSERT_EQ(scales.size(), 3u);
+  ASSERT_EQ(packed.size(), 256u + 48u);
+  ASSERT_EQ(scales.size(), 19u);
   quantize_q4(row.data(), 1, cols, packed.data(), scales.data());
   EXPECT_EQ(scales[0], 0x3400);  // 0.25
   EXPECT_EQ(scales[1], 0xB400);  // -0.25
-  EXPECT_EQ(scales[2], 0x3C00);  // 1
-  for (int j = 0; j < 32; ++j) EXPECT_EQ(packed[j], (j % 16) * 0x11) << "byte " << j;
-  for (int j = 0; j < 32; ++j) EXPECT_EQ(packed[32 + j], j < 6 ? 0x80 | j : 0x88) << "byte " << 32 + j;
+  for (int b = 2; b < 19; ++b) EXPECT_EQ(scales[b], 0x3C00) << "block " << b;  // 1
+  auto code = [](int64_t k) { return k < cols ? static_cast<int>(k % 16) : 8; };
+  for (int j = 0; j < 256; ++j) {
+    const int p = j / 64, b = j % 64 / 4, i = j % 4;
+    EXPECT_EQ(packed[j], code(32 * b + 8 * p + i) | code(32 * b + 8 * p + 4 + i) << 4) << "byte " << j;
+  }
+  for (int j = 0; j < 48; ++j) {
+    const int p = j / 12, b = j % 12 / 4, i = j % 4;
+    EXPECT_EQ(packed[256 + j], code(512 + 32 * b + 8 * p + i) | code(512 + 32 * b + 8 * p + 4 + i) << 4) << "byte " << 256 + j;
+  }
 
   // TensorView::at decodes the same layout.
   TensorView view;
@@ -447,7 +460,7 @@ TEST(Matmul, Q4LayoutIsTheDocumentedOne) {
   view.shape = {1, cols};
   view.data = reinterpret_cast<const std::byte*>(packed.data());
   view.q4_scales = scales.data();
-  EXPECT_EQ(view.size_bytes(), 64u);
+  EXPECT_EQ(view.size_bytes(), 304u);
   for (int64_t k = 0; k < cols; ++k) EXPECT_EQ(view.at(k), row[k]) << "k " << k;
   const WeightMatrix matrix = weight_matrix(view);
   EXPECT_EQ(matrix.format, WeightFormat::kQ4);
@@ -469,7 +482,7 @@ TEST(Matmul, Q4RoundTripWithinHalfAStep) {
   weights.half_scales = scales;
   EXPECT_EQ(scales[2], 0);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < q4_blocks_per_row(cols); ++b) {
+    for (int64_t b = 0; b < (cols + 31) / 32; ++b) {  // the padding blocks after these have scale 0 (layout test)
       const double scale = std::fabs(f16_to_float(scales[r * q4_blocks_per_row(cols) + b]));
       int64_t largest = b * 32;
       for (int64_t k = b * 32; k < std::min(cols, (b + 1) * 32); ++k) {
@@ -479,7 +492,9 @@ TEST(Matmul, Q4RoundTripWithinHalfAStep) {
         const double bound = std::fabs(source[r * cols + k]) > 7.5 * scale ? scale : 0.5 * scale;
         ASSERT_LE(std::fabs(source[r * cols + k] - value), bound * (1.0 + 1e-3)) << "r " << r << " k " << k;
       }
-      if (scale > 0.0) EXPECT_EQ(q4_value(weights, r, largest) / scale, source[r * cols + largest] > 0 ? 8.0 : -8.0);
+      if (scale > 0.0) {
+        EXPECT_EQ(q4_value(weights, r, largest) / scale, source[r * cols + largest] > 0 ? 8.0 : -8.0);
+      }
     }
   }
   std::vector<float> huge(32, 1.0f);

@@ -91,8 +91,9 @@ void matmul_q4_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_e
   matmul_blocks_scalar(
       op, row_begin, row_end,
       [&](int64_t r, int64_t k) {
-        const uint8_t byte = w[r * row_bytes + k / kQ4GroupValues * (kQ4GroupValues / 2) + k % 32];
-        return static_cast<int32_t>(k % kQ4GroupValues < 32 ? byte & 0x0f : byte >> 4) - 8;
+        const Q4NibbleAt at = q4_nibble_at(k, op.cols);
+        const uint8_t byte = w[r * row_bytes + at.byte];
+        return static_cast<int32_t>(at.high ? byte >> 4 : byte & 0x0f) - 8;
       },
       [&](int64_t r, int64_t b) { return f16_to_float(op.w_half_scales[r * blocks + b]); });
 }
@@ -160,13 +161,12 @@ void quantize_q4_row(const float* source, int64_t cols, uint8_t* packed, uint16_
     const uint16_t scale_bits = extreme == 0.0f ? 0 : float_to_f16(extreme / -8.0f);
     half_scales[block] = scale_bits;
     const float scale = f16_to_float(scale_bits);
-    uint8_t* group = packed + start / kQ4GroupValues * (kQ4GroupValues / 2);
-    const bool high = start % kQ4GroupValues != 0;
     for (int64_t k = start; k < end; ++k) {
       const float q = scale == 0.0f ? 0.0f : std::nearbyint(source[k] / scale);
       const int code = (q > 7.0f ? 7 : q < -8.0f ? -8 : static_cast<int>(q)) + 8;
-      uint8_t& byte = group[k % 32];
-      byte = high ? static_cast<uint8_t>((byte & 0x0f) | (code << 4)) : static_cast<uint8_t>((byte & 0xf0) | code);
+      const Q4NibbleAt at = q4_nibble_at(k, cols);
+      uint8_t& byte = packed[at.byte];
+      byte = at.high ? static_cast<uint8_t>((byte & 0x0f) | (code << 4)) : static_cast<uint8_t>((byte & 0xf0) | code);
     }
   }
 }
@@ -222,7 +222,9 @@ void PreparedActivations::reserve(std::unique_ptr<T, FreeDeleter>& buffer, size_
 
 void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, WeightFormat format) {
   if (tokens < 0 || cols < 0) fail("matmul activations with negative shape [{}, {}]", tokens, cols);
-  const int64_t stride = (cols + kActivationPadding - 1) / kActivationPadding * kActivationPadding;
+  // q4 kernels read whole superblocks of activations.
+  const int64_t padding = format == WeightFormat::kQ4 ? kQ4SuperblockValues : kActivationPadding;
+  const int64_t stride = (cols + padding - 1) / padding * padding;
   const size_t element_bytes = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
   const size_t elements = static_cast<size_t>(tokens) * stride;
   reserve(values_, values_capacity_, elements * element_bytes);
@@ -230,7 +232,7 @@ void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, 
   const bool quantized = format == WeightFormat::kQ8 || format == WeightFormat::kQ4;
   if (quantized) {
     reserve(scales_, scales_capacity_, static_cast<size_t>(tokens) * scale_stride * sizeof(float));
-    reserve(q8_steps_, q8_steps_capacity_, elements * (format == WeightFormat::kQ8 ? 2 : 3));
+    reserve(q8_steps_, q8_steps_capacity_, format == WeightFormat::kQ8 ? elements * 2 : elements / 4 * 5);
   }
   tokens_ = tokens;
   cols_ = cols;
@@ -259,15 +261,18 @@ void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, 
     for (int64_t b = q8_blocks_per_row(cols); b < scale_stride; ++b) scales[b] = 0.0f;
     const auto* values = reinterpret_cast<const int8_t*>(row);
     if (format == WeightFormat::kQ4) {
-      for (int64_t k = 0; k < stride; k += 64) {
-        std::byte* step = q8_steps_.get() + (t * stride + k) * 3;
-        std::memcpy(step, values + k, 64);
+      for (int64_t start = 0; start < stride; start += kQ4SuperblockValues) {
+        std::byte* superblock = q8_steps_.get() + (t * stride + start) / 4 * 5;
         for (int lane = 0; lane < 16; ++lane) {
-          std::memcpy(step + 64 + 4 * lane, &scales[(k + 4 * lane) / kQ8BlockValues], 4);
+          const int8_t* block = values + start + kQ4BlockValues * lane;
           int32_t sum = 0;
-          for (int i = 0; i < 4; ++i) sum += values[k + 4 * lane + i];
+          for (int k = 0; k < kQ4BlockValues; ++k) {
+            superblock[64 * (k / 4) + 4 * lane + k % 4] = static_cast<std::byte>(block[k]);
+            sum += block[k];
+          }
           const int32_t correction = -8 * sum;
-          std::memcpy(step + 128 + 4 * lane, &correction, 4);
+          std::memcpy(superblock + 512 + 4 * lane, &scales[start / kQ8BlockValues + lane], 4);
+          std::memcpy(superblock + 576 + 4 * lane, &correction, 4);
         }
       }
     } else {

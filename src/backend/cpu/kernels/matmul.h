@@ -83,9 +83,11 @@ class PreparedActivations {
   // kQ8, the VNNI kernels' copy: [tokens][stride / 64] steps of 128 bytes, 64-byte aligned: the step's
   // 64 values + 128 as unsigned bytes, then for each int32 lane (4 values) its block's scale.
   const std::byte* q8_steps() const { return q8_steps_.get(); }
-  // kQ4 (values and scales as kQ8, plus): [tokens][stride / 64] steps of 192 bytes, 64-byte aligned:
-  // the step's 64 int8 values, each int32 lane's block scale, then each lane's int32 -8 * (sum of its
-  // 4 values), which turns a product with unsigned nibbles (q + 8) into one with q.
+  // kQ4 (values and scales as kQ8, with a stride of whole superblocks of 512, plus): [tokens][stride /
+  // 512] superblocks of 640 bytes, 64-byte aligned: the 512 int8 values in the weights' superblock order
+  // (core/formats.h: 64 bytes hold 4 values of each of the 16 blocks), the 16 blocks' scales, then each
+  // block's int32 -8 * (sum of its values), which turns a product with unsigned nibbles (q + 8) into
+  // one with q.
   const std::byte* q4_steps() const { return q8_steps_.get(); }
 
  private:
@@ -118,7 +120,7 @@ struct MatmulOperands {
   const void* x;                // prepared activations: f32 / bf16 bits / int8, [tokens][x_stride], zero padded
   const float* x_scales;        // q8, q4: [tokens][x_stride / 32]
   const std::byte* x_q8_steps;  // q8 for VNNI: [tokens][x_stride / 64] steps of 128 bytes (PreparedActivations)
-                                // q4: steps of 192 bytes (PreparedActivations::q4_steps)
+                                // q4: superblocks of 640 bytes (PreparedActivations::q4_steps)
   int64_t x_stride;             // elements between tokens (a multiple of 64)
   int64_t tokens;
   const void* w;                // weights [rows][cols]

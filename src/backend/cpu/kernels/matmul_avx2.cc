@@ -126,52 +126,70 @@ struct Q8Sign {
   }
 };
 
-// q4: the nibbles (q + 8) are vpmaddubsw's unsigned operand and the int8 activations its signed one
-// (15 * 127 * 2 cannot saturate int16); each lane's prepared -8 * sum(x) makes the int32 sum exactly
-// sum(q * x). One step is a group of 64 values: low nibbles block 2j, high nibbles block 2j+1.
+// q4, one superblock of 512 values per step (layout in core/formats.h), taken as two halves of 8
+// blocks: the nibbles (q + 8) are vpmaddubsw's unsigned operand and the int8 activations its signed
+// one (15 * 127 * 2 cannot saturate int16). Each half sums its 8 blocks' exact dot products in int32
+// lanes from the prepared -8 * sum(x), then converts and scales them once per superblock.
 struct Q4Unsigned {
-  static_assert(kQ4BlockValues == 32 && kQ4GroupValues == 64, "a step is one group of two blocks");
-  static constexpr int kStep = 64, kTokens = 2, kRows = 2;
+  static_assert(kQ4BlockValues == 32 && kQ4SuperblockValues == 512, "a step is one superblock of 16 blocks");
+  static constexpr int kStep = 512, kTokens = 2, kRows = 2;
   static constexpr int64_t kWeightBits = 4;
   struct Row { const uint8_t* nibbles; const uint16_t* scales; };
-  struct Token { const std::byte* steps; };
-  struct WVec { __m256i low, high; __m256 low_scale, high_scale; };
-  struct XVec { const std::byte* step; };
-  static WVec weights(const uint8_t* nibbles, __m128 two_scales) {
-    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles));
-    const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
-    return {_mm256_and_si256(packed, low_nibbles), _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles),
-            _mm256_broadcastss_ps(two_scales), _mm256_broadcastss_ps(_mm_movehdup_ps(two_scales))};
-  }
-  static __m128 scales(uint32_t bits) { return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits))); }
+  struct Token { const std::byte* superblocks; };
+  struct WVec { const uint8_t* nibbles; __m256 scales[2]; };
+  using XVec = const std::byte*;
   static Row row(const MatmulOperands& op, int64_t r) {
     return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
   }
-  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride * 3}; }
-  static void prefetch(const Row& row, int64_t k) { prefetch_ahead(row.nibbles + k / 2); }
+  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride / 4 * 5}; }
+  static void prefetch(const Row& row, int64_t k) {
+    for (int line = 0; line < 4; ++line) prefetch_ahead(row.nibbles + k / 2 + 64 * line);
+  }
+  static void load_scales(WVec& w, const uint16_t* scales) {
+    const auto* halves = reinterpret_cast<const __m128i*>(scales);
+    w.scales[0] = _mm256_cvtph_ps(_mm_loadu_si128(halves));
+    w.scales[1] = _mm256_cvtph_ps(_mm_loadu_si128(halves + 1));
+  }
   static WVec load_w(const Row& row, int64_t k) {
-    uint32_t bits;
-    std::memcpy(&bits, row.scales + k / kQ4BlockValues, sizeof(bits));
-    return weights(row.nibbles + k / 2, scales(bits));
+    WVec w;
+    w.nibbles = row.nibbles + k / 2;
+    load_scales(w, row.scales + k / kQ4BlockValues);
+    return w;
   }
-  // Rows are padded to whole groups, so the nibbles load whole; only a missing second scale is left 0.
+  // A row's last superblock of fewer than 16 blocks, copied to the full layout (missing lanes code 0
+  // with scale 0; the activations there are zero) into the next of a few per-thread buffers: a tile
+  // holds at most kRows of them at once.
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    const uint32_t first = row.scales[k / kQ4BlockValues];
-    const uint32_t second = count > kQ4BlockValues ? row.scales[k / kQ4BlockValues + 1] : 0u;
-    return weights(row.nibbles + k / 2, scales(first | (second << 16)));
+    alignas(32) static thread_local uint8_t buffers[2 * kRows][kQ4SuperblockBytes];
+    static thread_local int next = 0;
+    uint8_t* spread = buffers[next];
+    next = (next + 1) % (2 * kRows);
+    const int64_t blocks = (count + kQ4BlockValues - 1) / kQ4BlockValues;
+    std::memset(spread, 0, kQ4SuperblockBytes);
+    for (int v = 0; v < 4; ++v) std::memcpy(spread + 64 * v, row.nibbles + k / 2 + 4 * blocks * v, static_cast<size_t>(4 * blocks));
+    alignas(16) uint16_t scales[16] = {};
+    std::memcpy(scales, row.scales + k / kQ4BlockValues, static_cast<size_t>(blocks) * sizeof(uint16_t));
+    WVec w;
+    w.nibbles = spread;
+    load_scales(w, scales);
+    return w;
   }
-  static XVec load_x(const Token& token, int64_t k) { return {token.steps + 3 * k}; }
-  static __m256 block(__m256 acc, __m256i codes, const std::byte* values, const std::byte* correction, __m256 x_scale, __m256 w_scale) {
-    const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
-    const __m256i pairs = _mm256_maddubs_epi16(codes, x);
-    const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)),
-                                         _mm256_load_si256(reinterpret_cast<const __m256i*>(correction)));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w_scale, x_scale), acc);
-  }
-  static __m256 madd(__m256 acc, const XVec& x, const WVec& w) {
-    const auto* scales = reinterpret_cast<const float*>(x.step + 64);  // per lane; lanes 0-7 block 2j, 8-15 block 2j+1
-    acc = block(acc, w.low, x.step, x.step + 128, _mm256_broadcast_ss(scales), w.low_scale);
-    return block(acc, w.high, x.step + 32, x.step + 160, _mm256_broadcast_ss(scales + 8), w.high_scale);
+  static XVec load_x(const Token& token, int64_t k) { return token.superblocks + k / 4 * 5; }
+  static __m256i load(const void* address) { return _mm256_load_si256(static_cast<const __m256i*>(address)); }
+  static __m256 madd(__m256 acc, XVec x, const WVec& w) {
+    const __m256i low_nibbles = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; ++h) {
+      __m256i dot = load(x + 576 + 32 * h);
+      for (int v = 0; v < 4; ++v) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.nibbles + 64 * v + 32 * h));
+        const __m256i low = _mm256_and_si256(packed, low_nibbles);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(low, load(x + 128 * v + 32 * h)), ones));
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(high, load(x + 128 * v + 64 + 32 * h)), ones));
+      }
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w.scales[h], _mm256_load_ps(reinterpret_cast<const float*>(x + 512 + 32 * h))), acc);
+    }
+    return acc;
   }
 };
 

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 
 #include "backend/cpu/kernels/matmul.h"
 
@@ -69,7 +70,7 @@ inline __mmask64 mask64(int64_t count) { return count >= 64 ? ~0ull : (1ull << c
 
 struct F32Fma {
   static constexpr int kStep = 16, kTokens = 6, kRows = 4;
-  static constexpr int64_t kWeightBits = 32, kActivationBytes = 4;
+  static constexpr int64_t kWeightBits = 32, kActivationBits = 32;
   struct Row { const float* values; };
   struct Token { const float* values; };
   using WVec = __m512;
@@ -90,7 +91,7 @@ struct F32Fma {
 // bf16 with vdpbf16ps: 32 products per instruction, pairs summed into 16 fp32 lanes.
 struct Bf16Dot {
   static constexpr int kStep = 32, kTokens = 6, kRows = 4;
-  static constexpr int64_t kWeightBits = 16, kActivationBytes = 2;
+  static constexpr int64_t kWeightBits = 16, kActivationBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
   using WVec = __m512bh;
@@ -112,7 +113,7 @@ struct Bf16Dot {
 // 16-bit left shift and the odd ones a mask away from fp32.
 struct Bf16Widen {
   static constexpr int kStep = 32, kTokens = 4, kRows = 4;
-  static constexpr int64_t kWeightBits = 16, kActivationBytes = 2;
+  static constexpr int64_t kWeightBits = 16, kActivationBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
   struct Pair { __m512 even, odd; };
@@ -147,7 +148,7 @@ struct Bf16Widen {
 struct Q8Vnni {
   static_assert(kQ8BlockValues == 32, "k >> 5 below is k / kQ8BlockValues");
   static constexpr int kStep = 64, kTokens = 4, kRows = 3;
-  static constexpr int64_t kWeightBits = 8, kActivationBytes = 2;  // 128 prepared bytes per 64 values
+  static constexpr int64_t kWeightBits = 8, kActivationBits = 16;  // 128 prepared bytes per 64 values
   struct Row { const int8_t* values; const float* scales; };
   struct Token { const std::byte* steps; };
   struct WVec { __m512i values, negated_offset; __m512 scales; };
@@ -184,52 +185,64 @@ struct Q8Vnni {
   }
 };
 
-// q4 with VNNI: the weights' nibbles are q + 8, unsigned, so they are vpdpbusd's unsigned operand and
-// the activations (plain int8) its signed one; each lane's -8 * sum(x) (prepared with the activations)
-// starts the integer sum, which makes it exactly sum(q * x). One step is one group of 64 values: 32
-// bytes whose low nibbles are block 2j and high nibbles block 2j+1, so the lanes line up with the
-// activations' blocks as in q8.
+// q4 with VNNI, one superblock of 512 values per step (layout in core/formats.h). Each of its four
+// 64-byte vectors gives two vectors of codes (low nibbles, high nibbles) that hold 4 values of each of
+// the 16 blocks, lane by lane, as the prepared activations do; the codes (q + 8) are vpdpbusd's
+// unsigned operand and the int8 activations its signed one. Eight vpdpbusd into one register, started
+// from each lane's prepared -8 * sum(x), give every block's exact sum(q * x) in its own lane, which is
+// converted and scaled by w_scale * x_scale once per superblock.
 struct Q4Vnni {
-  static_assert(kQ4BlockValues == 32 && kQ4GroupValues == 64, "a step is one group of two blocks");
-  static constexpr int kStep = 64, kTokens = 4, kRows = 3;
-  static constexpr int64_t kWeightBits = 4, kActivationBytes = 3;  // 192 prepared bytes per 64 values
+  static_assert(kQ4BlockValues == 32 && kQ4SuperblockValues == 512, "a step is one superblock of 16 blocks");
+  static constexpr int kStep = 512, kTokens = 8, kRows = 1;
+  static constexpr int64_t kWeightBits = 4, kActivationBits = 10;  // 640 prepared bytes per 512 values
   struct Row { const uint8_t* nibbles; const uint16_t* scales; };
-  struct Token { const std::byte* steps; };
-  struct WVec { __m512i codes; __m512 scales; };
-  struct XVec { __m512i values, correction; __m512 scales; };
-  // The group's 32 bytes in both halves of a register, shifted right by 0 (low half) or 4 (high half)
-  // bits and masked: the low nibbles, then the high ones. The two f16 scales are spread to eight lanes
-  // each by one byte shuffle of their broadcast before the conversion.
-  static WVec weights(const uint8_t* nibbles, uint32_t two_scales) {
-    const __m512i packed = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles)));
-    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi64(packed, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0x0f));
-    const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    const __m256i halves = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(two_scales)), spread);
-    return {codes, _mm512_cvtph_ps(halves)};
-  }
+  struct Token { const std::byte* superblocks; };
+  struct WVec { __m512i codes[8]; __m512 scales; };
+  using XVec = const std::byte*;
   static Row row(const MatmulOperands& op, int64_t r) {
     return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
   }
-  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride * 3}; }
-  static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.nibbles + (k >> 1), offset); }
+  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride / 4 * 5}; }
+  static void prefetch(const Row& row, int64_t k, int64_t offset) {
+    const uint8_t* next = row.nibbles + k / 2 + offset;
+    for (int line = 0; line < 4; ++line) prefetch_line(next, 64 * line);
+  }
+  // A whole superblock of 16 blocks, or a row's last one of `blocks` (its vectors are 4 * blocks bytes
+  // apart; the missing lanes load as code 0 with scale 0, against zero activations).
+  static WVec load_blocks(const Row& row, int64_t k, int blocks) {
+    WVec w;
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+    const __mmask64 bytes = mask64(4 * blocks);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m512i packed = _mm512_maskz_loadu_epi8(bytes, row.nibbles + k / 2 + 4 * blocks * v);
+      w.codes[2 * v] = _mm512_and_si512(packed, low_nibbles);
+      w.codes[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+    }
+    w.scales = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(blocks), row.scales + k / kQ4BlockValues));
+    return w;
+  }
   static WVec load_w(const Row& row, int64_t k) {
-    uint32_t scales;
-    std::memcpy(&scales, row.scales + (k >> 5), sizeof(scales));
-    return weights(row.nibbles + k / 2, scales);
+    WVec w;
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m512i packed = _mm512_loadu_si512(row.nibbles + k / 2 + 64 * v);
+      w.codes[2 * v] = _mm512_and_si512(packed, low_nibbles);
+      w.codes[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+    }
+    w.scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.scales + k / kQ4BlockValues)));
+    return w;
   }
-  // Rows are padded to whole groups, so the nibbles load whole; only a missing second scale is left 0.
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    const uint32_t first = row.scales[k >> 5];
-    const uint32_t second = count > kQ4BlockValues ? row.scales[(k >> 5) + 1] : 0u;
-    return weights(row.nibbles + k / 2, first | (second << 16));
+    return load_blocks(row, k, static_cast<int>((count + kQ4BlockValues - 1) / kQ4BlockValues));
   }
-  static XVec load_x(const Token& token, int64_t k) {
-    const std::byte* step = token.steps + 3 * k;
-    return {_mm512_load_si512(step), _mm512_load_si512(step + 128), _mm512_load_ps(reinterpret_cast<const float*>(step + 64))};
-  }
-  static __m512 madd(__m512 acc, const XVec& x, const WVec& w) {
-    const __m512i dot = _mm512_dpbusd_epi32(x.correction, w.codes, x.values);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.scales, x.scales), acc);
+  static XVec load_x(const Token& token, int64_t k) { return token.superblocks + k / 4 * 5; }
+  static __m512 madd(__m512 acc, XVec x, const WVec& w) {
+    __m512i dot = _mm512_load_si512(x + 576);
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) dot = _mm512_dpbusd_epi32(dot, w.codes[s], _mm512_load_si512(x + 64 * s));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.scales, _mm512_load_ps(reinterpret_cast<const float*>(x + 512))), acc);
   }
 };
 
@@ -377,14 +390,14 @@ constexpr int kDecodeBlockRows = 8;
 
 template <class P>
 void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
-  if (op.tokens * op.cols * P::kActivationBytes <= kDecodeActivationLimit) {
+  if (op.tokens * op.cols * P::kActivationBits / 8 <= kDecodeActivationLimit) {
     const KRange whole{0, op.cols, nullptr, kPrefetchBytes};
     for (int64_t r = row_begin; r < row_end; ++r) tile_for_tokens<P, kDecodeTokens, 1>(op.tokens, op, 0, r, 1, whole);
     return;
   }
   // Long rows: the weights are read in segments of `chunk` values, row after row within a block, then
   // the next chunk. Each segment prefetches the one read after it, at the same offset.
-  int64_t chunk = kDecodeChunkBytes / (op.tokens * P::kActivationBytes) / (2 * P::kStep) * (2 * P::kStep);
+  int64_t chunk = kDecodeChunkBytes * 8 / (op.tokens * P::kActivationBits) / (2 * P::kStep) * (2 * P::kStep);
   if (chunk < 2 * P::kStep) chunk = 2 * P::kStep;
   alignas(64) __m512 carried[kDecodeBlockRows][kDecodeTokens];
   const int64_t row_bytes = weight_bytes_of<P>(op.cols);
@@ -408,7 +421,8 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
 template <class P>
 void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
-  if (op.tokens <= kDecodeTokens) return run_decode<P>(op, row_begin, row_end);
+  static const int stream_tokens = getenv("G4_STREAM") ? atoi(getenv("G4_STREAM")) : kDecodeTokens;
+  if (op.tokens <= stream_tokens) return run_decode<P>(op, row_begin, row_end);
   const KRange whole{0, op.cols, nullptr, 0};
   const int64_t row_bytes = weight_bytes_of<P>(op.cols) + 64;
   int64_t block_rows = kWeightBlockBytes / row_bytes / P::kRows * P::kRows;
