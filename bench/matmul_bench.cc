@@ -37,6 +37,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "backend/host/compute_peak.h"
 #include "backend/host/isa.h"
 #include "backend/cpu/kernels/matmul.h"
 
@@ -152,20 +153,7 @@ void ReadBandwidth(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(kProbeBytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// ---- the compute ceiling: independent vdpbf16ps chains on registers ----
-
-__attribute__((target("avx512f,avx512bf16"))) float dot_bf16_registers(int64_t iterations) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x0001);
-  for (int64_t n = 0; n < iterations; ++n) {
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-    __asm__ volatile("" : "+v"(a));
-  }
-  __m512 total = acc[0];
-  for (int i = 1; i < 12; ++i) total = _mm512_add_ps(total, acc[i]);
-  return _mm512_reduce_add_ps(total);
-}
+// ---- the compute ceiling: the engine's own probe (backend/host/compute_peak.h) ----
 
 void PeakBf16(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
@@ -173,7 +161,7 @@ void PeakBf16(benchmark::State& state) {
   constexpr int64_t kIterations = 1'000'000;
   std::atomic<float> sink{0.0f};
   for (auto _ : state) {
-    runner(threads).run([&](int) { sink.store(dot_bf16_registers(kIterations)); });
+    runner(threads).run([&](int) { sink.store(multiply_add_chains_bf16_avx512(kIterations)); });
   }
   state.counters["GFLOP/s"] = benchmark::Counter(threads * kIterations * 12 * 64 * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);

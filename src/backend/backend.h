@@ -122,6 +122,14 @@ class Backend {
   virtual size_t buffer_bytes() const = 0;
   // Read bandwidth of the memory the weights live in, bytes per second (the decode roofline).
   virtual double measure_read_bandwidth() = 0;
+  // The compute ceiling of products in `format`, timed on the instruction they are built from, apart
+  // from the products themselves (so a slow kernel cannot lower its own bar); ops_per_second 0 where
+  // the backend has no such probe.
+  struct ComputePeak {
+    double ops_per_second = 0.0;  // 2 per multiply-add, as FLOP are counted
+    std::string instruction;
+  };
+  virtual ComputePeak measure_compute_peak(WeightFormat) { return {}; }
 
   // Allocates a buffer holding `values` (norm weights, scales, tables).
   Buffer upload_constant(std::span<const float> values) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/host/bandwidth.h"
+#include "backend/host/compute_peak.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
@@ -51,6 +52,11 @@ Weight HostBackend::prepare_weight(const TensorView& view, WeightFormat format) 
 }
 
 double HostBackend::measure_read_bandwidth() { return kernels::measure_read_bandwidth(pool_); }
+
+Backend::ComputePeak HostBackend::measure_compute_peak(WeightFormat format) {
+  const kernels::ComputePeak peak = kernels::measure_compute_peak(pool_, format);
+  return {peak.ops_per_second, peak.instruction};
+}
 
 void HostBackend::matmul(Buffer x, int rows, Weight weight, Buffer y) { multiply(data(x), rows, weight.id, data(y)); }
 

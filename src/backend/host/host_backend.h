@@ -26,6 +26,7 @@ class HostBackend : public Backend {
   Weight prepare_weight(const TensorView& view, WeightFormat format) override;
   size_t buffer_bytes() const override { return buffer_bytes_; }
   double measure_read_bandwidth() override;
+  ComputePeak measure_compute_peak(WeightFormat format) override;
 
   void matmul(Buffer x, int rows, Weight weight, Buffer y) override;
   void rms_norm(Buffer x, int64_t rows, int width, Buffer weight, float eps, Buffer out) override;

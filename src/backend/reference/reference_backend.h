@@ -21,6 +21,8 @@ class ReferenceBackend : public HostBackend {
   void check_formats(WeightFormat weights, KvFormat kv) const override;
   size_t weight_read_bytes(Weight weight) const override { return views_.at(static_cast<size_t>(weight.id)).size_bytes(); }
   size_t owned_weight_bytes() const override { return 0; }
+  // Scalar products have no instruction ceiling worth holding them to.
+  ComputePeak measure_compute_peak(WeightFormat) override { return {}; }
 
  protected:
   void store_weight(int32_t id, const TensorView& view, WeightFormat format) override;
