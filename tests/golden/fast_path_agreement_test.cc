@@ -82,9 +82,11 @@ TEST(FastPathAgreement, F32WeightsKeepTheFp32Bar) {
 
 // Greedy steps equal to the reference, summed over the 20 golden prompts (480 steps): measured 296 for
 // bf16 and 147 for q8 when the kernels were written (2026-11-29; the random tiny models have small
-// top-2 margins, so rounding the operands flips tokens early). The bound keeps that level, with room for
-// a handful of tokens moving when kernels change their summation order.
-const std::map<WeightFormat, int> kMinimumAgreement = {{WeightFormat::kBF16, 280}, {WeightFormat::kQ8, 135}};
+// top-2 margins, so rounding the operands flips tokens early). q8 measured 130 once its kernels summed
+// whole blocks exactly and scaled once per block (2026-12-01: the same weights and activations, only
+// the fp32 summation order changed; verify's mean KL on the trained fixtures stayed 2e-4 to 5e-4). The
+// bound keeps that level, with room for a handful of tokens moving when summation order changes.
+const std::map<WeightFormat, int> kMinimumAgreement = {{WeightFormat::kBF16, 280}, {WeightFormat::kQ8, 120}};
 
 TEST(FastPathAgreement, Bf16AndQ8AgreeAsMeasured) {
   for (auto format : {WeightFormat::kBF16, WeightFormat::kQ8}) {

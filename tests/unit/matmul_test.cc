@@ -58,6 +58,7 @@ struct TestWeights {
   std::vector<float> scales;
   std::vector<uint8_t> q4;
   std::vector<uint16_t> half_scales;
+  std::vector<uint8_t> q8_packed;  // what the kernels read (pack_q8)
   std::vector<double> effective;  // [rows][cols]
 };
 
@@ -104,7 +105,9 @@ TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t
               static_cast<double>(weights.q8[r * cols + k]) * weights.scales[r * blocks + k / kQ8BlockValues];
         }
       }
-      weights.matrix.values = weights.q8.data();
+      weights.q8_packed.resize(static_cast<size_t>(rows * q8_packed_row_bytes(cols)));
+      pack_q8(weights.q8.data(), rows, cols, weights.q8_packed.data());
+      weights.matrix.values = weights.q8_packed.data();
       weights.matrix.block_scales = weights.scales.data();
       break;
     }
@@ -221,7 +224,7 @@ struct Shape {
 // Rows not a multiple of any tile (1..6 tokens x 2..4 rows), cols around every vector width.
 const Shape kShapes[] = {{1, 1}, {5, 7}, {3, 31}, {13, 32}, {6, 33}, {9, 63}, {7, 64}, {11, 65},
                          {4, 100}, {17, 129}, {10, 200}, {23, 257}, {5, 1000}};
-const int64_t kTokenCounts[] = {1, 3, 7, 64, 130};
+const int64_t kTokenCounts[] = {1, 2, 3, 7, 12, 16, 64, 130};  // 2-16: a decode step of that many sequences
 const WeightFormat kFormats[] = {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4};
 
 TEST(Matmul, MatchesDoubleReferenceOnEveryPath) {
@@ -248,6 +251,7 @@ TEST(Matmul, LongRowsStayWithinTolerance) {
     set_active_isa(level);
     for (WeightFormat format : kFormats) {
       check_matmul(rng, 7, 37, 6144 + 13, format);  // decode cuts these rows into K chunks
+      check_matmul(rng, 16, 11, 6144 + 13, format);  // two token tiles over K chunks
       check_matmul(rng, 1, 19, 12288 + 5, format);
       check_matmul(rng, 1, 70, 1536, format);
       if (HasFatalFailure()) return;
@@ -465,6 +469,21 @@ TEST(Matmul, Q4LayoutIsTheDocumentedOne) {
   const WeightMatrix matrix = weight_matrix(view);
   EXPECT_EQ(matrix.format, WeightFormat::kQ4);
   EXPECT_EQ(matrix.half_scales, scales.data());
+}
+
+// pack_q8 written out by hand: a row of 600 values is a superblock of 16 blocks and a last one of 3
+// (the last block padded with value 0, i.e. byte 128). Byte 64 c + 4 b + i of a full superblock holds
+// value 32 b + 4 c + i + 128; in the last one 4 * 3 replaces 64.
+TEST(Matmul, Q8PackIsTheDocumentedOne) {
+  const int64_t cols = 600;
+  std::vector<int8_t> row(cols);
+  for (int64_t k = 0; k < cols; ++k) row[k] = static_cast<int8_t>(k % 255 - 127);
+  std::vector<uint8_t> packed(static_cast<size_t>(q8_packed_row_bytes(cols)));
+  ASSERT_EQ(packed.size(), 512u + 96u);
+  pack_q8(row.data(), 1, cols, packed.data());
+  auto byte = [&](int64_t k) { return k < cols ? static_cast<int>(row[k]) + 128 : 128; };
+  for (int j = 0; j < 512; ++j) EXPECT_EQ(packed[j], byte(32 * (j % 64 / 4) + 4 * (j / 64) + j % 4)) << "byte " << j;
+  for (int j = 0; j < 96; ++j) EXPECT_EQ(packed[512 + j], byte(512 + 32 * (j % 12 / 4) + 4 * (j / 12) + j % 4)) << "byte " << 512 + j;
 }
 
 TEST(Matmul, Q4RoundTripWithinHalfAStep) {

@@ -26,8 +26,16 @@ PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, Threa
     linear.matrix.values = view.data;
     return linear;
   }
+  // Conversions run row-parallel: a full-size checkpoint has billions of weights.
+  constexpr int64_t kRowsPerTask = 64;
   if (format == WeightFormat::kQ8 && view.dtype == DType::kQ8) {  // a checkpoint written by `gemma4rt quantize`
-    linear.matrix.values = view.data;
+    // The kernels' layout (pack_q8) is a copy; the scales are read in place.
+    linear.owned_q8.resize(static_cast<size_t>(rows * kernels::q8_packed_row_bytes(cols)));
+    const auto* values = reinterpret_cast<const int8_t*>(view.data);
+    pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
+      kernels::pack_q8(values + first * cols, last - first, cols, linear.owned_q8.data() + first * kernels::q8_packed_row_bytes(cols));
+    });
+    linear.matrix.values = linear.owned_q8.data();
     linear.matrix.block_scales = view.q8_scales;
     return linear;
   }
@@ -36,8 +44,6 @@ PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, Threa
     linear.matrix.half_scales = view.q4_scales;
     return linear;
   }
-  // Conversions run row-parallel: a full-size checkpoint has billions of weights.
-  constexpr int64_t kRowsPerTask = 64;
   switch (format) {
     case WeightFormat::kF32:
       linear.owned_f32.resize(elements);
@@ -54,14 +60,16 @@ PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, Threa
       linear.matrix.values = linear.owned_bf16.data();
       break;
     case WeightFormat::kQ8: {
-      const int64_t blocks = q8_blocks_per_row(cols);
-      linear.owned_q8.resize(elements);
+      const int64_t blocks = q8_blocks_per_row(cols), row_bytes = kernels::q8_packed_row_bytes(cols);
+      linear.owned_q8.resize(static_cast<size_t>(rows * row_bytes));
       linear.owned_scales.resize(static_cast<size_t>(rows) * blocks);
       pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
         std::vector<float> row(static_cast<size_t>(cols));
+        std::vector<int8_t> values(static_cast<size_t>(cols));
         for (int64_t r = first; r < last; ++r) {
           view.read_floats(r * cols, cols, row.data());
-          kernels::quantize_q8(row.data(), 1, cols, linear.owned_q8.data() + r * cols, linear.owned_scales.data() + r * blocks);
+          kernels::quantize_q8(row.data(), 1, cols, values.data(), linear.owned_scales.data() + r * blocks);
+          kernels::pack_q8(values.data(), 1, cols, linear.owned_q8.data() + r * row_bytes);
         }
       });
       linear.matrix.values = linear.owned_q8.data();

@@ -1,6 +1,7 @@
-// A weight matrix prepared for the SIMD kernels in the chosen format. bf16 and f32 weights stored in
-// that format are used in place from the memory map; other combinations (q8, or a dtype change) are
-// converted once at load into storage this object owns.
+// A weight matrix prepared for the SIMD kernels in the chosen format. bf16, f32 and q4 weights stored in
+// that format are used in place from the memory map; q8 is repacked into the kernels' layout (its
+// scales stay in place), and other combinations are converted once at load into storage this object
+// owns.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,7 @@ struct PreparedWeight {
   kernels::WeightMatrix matrix;      // what the kernels read
   std::vector<uint16_t> owned_bf16;
   std::vector<float> owned_f32;
-  std::vector<int8_t> owned_q8;
+  std::vector<uint8_t> owned_q8;   // pack_q8's layout
   std::vector<float> owned_scales;
   std::vector<uint8_t> owned_q4;
   std::vector<uint16_t> owned_half_scales;

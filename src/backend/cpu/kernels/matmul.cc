@@ -75,11 +75,14 @@ void matmul_blocks_scalar(const MatmulOperands& op, int64_t row_begin, int64_t r
   }
 }
 
+// The weight's byte holds w + 128 (pack_q8).
 void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
-  const auto* w = static_cast<const int8_t*>(op.w);
+  const auto* w = static_cast<const uint8_t*>(op.w);
   const int64_t blocks = q8_blocks_per_row(op.cols);
+  const int64_t row_bytes = q8_packed_row_bytes(op.cols);
   matmul_blocks_scalar(
-      op, row_begin, row_end, [&](int64_t r, int64_t k) { return static_cast<int32_t>(w[r * op.cols + k]); },
+      op, row_begin, row_end,
+      [&](int64_t r, int64_t k) { return static_cast<int32_t>(w[r * row_bytes + q8_packed_offset(k, op.cols)]) - 128; },
       [&](int64_t r, int64_t b) { return op.w_scales[r * blocks + b]; });
 }
 
@@ -185,11 +188,7 @@ WeightMatrix weight_matrix(const TensorView& view) {
   switch (view.dtype) {
     case DType::kF32: matrix.format = WeightFormat::kF32; break;
     case DType::kBF16: matrix.format = WeightFormat::kBF16; break;
-    case DType::kQ8:
-      if (view.q8_scales == nullptr) fail("q8 tensor {} has no block scales", view.name);
-      matrix.format = WeightFormat::kQ8;
-      matrix.block_scales = view.q8_scales;
-      break;
+    case DType::kQ8: fail("q8 tensor {} is row-major int8: pack it (pack_q8) before the fast matmul", view.name);
     case DType::kQ4:
       if (view.q4_scales == nullptr) fail("q4 tensor {} has no block scales", view.name);
       matrix.format = WeightFormat::kQ4;
@@ -204,6 +203,15 @@ void quantize_q4(const float* source, int64_t rows, int64_t cols, uint8_t* packe
   const int64_t blocks = q4_blocks_per_row(cols);
   const int64_t row_bytes = q4_row_bytes(cols);
   for (int64_t r = 0; r < rows; ++r) quantize_q4_row(source + r * cols, cols, packed + r * row_bytes, half_scales + r * blocks);
+}
+
+void pack_q8(const int8_t* values, int64_t rows, int64_t cols, uint8_t* packed) {
+  const int64_t row_bytes = q8_packed_row_bytes(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = packed + r * row_bytes;
+    std::memset(row, 128, static_cast<size_t>(row_bytes));  // padding: value 0
+    for (int64_t k = 0; k < cols; ++k) row[q8_packed_offset(k, cols)] = static_cast<uint8_t>(values[r * cols + k] + 128);
+  }
 }
 
 void quantize_q8(const float* source, int64_t rows, int64_t cols, int8_t* values, float* block_scales) {
@@ -222,17 +230,17 @@ void PreparedActivations::reserve(std::unique_ptr<T, FreeDeleter>& buffer, size_
 
 void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, WeightFormat format) {
   if (tokens < 0 || cols < 0) fail("matmul activations with negative shape [{}, {}]", tokens, cols);
-  // q4 kernels read whole superblocks of activations.
-  const int64_t padding = format == WeightFormat::kQ4 ? kQ4SuperblockValues : kActivationPadding;
+  const bool quantized = format == WeightFormat::kQ8 || format == WeightFormat::kQ4;
+  // q8 and q4 kernels read whole superblocks of activations.
+  const int64_t padding = quantized ? kQ4SuperblockValues : kActivationPadding;
   const int64_t stride = (cols + padding - 1) / padding * padding;
   const size_t element_bytes = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
   const size_t elements = static_cast<size_t>(tokens) * stride;
   reserve(values_, values_capacity_, elements * element_bytes);
   const int64_t scale_stride = stride / kQ8BlockValues;
-  const bool quantized = format == WeightFormat::kQ8 || format == WeightFormat::kQ4;
   if (quantized) {
     reserve(scales_, scales_capacity_, static_cast<size_t>(tokens) * scale_stride * sizeof(float));
-    reserve(q8_steps_, q8_steps_capacity_, format == WeightFormat::kQ8 ? elements * 2 : elements / 4 * 5);
+    reserve(superblocks_, superblocks_capacity_, elements / 4 * 5);
   }
   tokens_ = tokens;
   cols_ = cols;
@@ -260,26 +268,19 @@ void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, 
     float* scales = scales_.get() + t * scale_stride;
     for (int64_t b = q8_blocks_per_row(cols); b < scale_stride; ++b) scales[b] = 0.0f;
     const auto* values = reinterpret_cast<const int8_t*>(row);
-    if (format == WeightFormat::kQ4) {
-      for (int64_t start = 0; start < stride; start += kQ4SuperblockValues) {
-        std::byte* superblock = q8_steps_.get() + (t * stride + start) / 4 * 5;
-        for (int lane = 0; lane < 16; ++lane) {
-          const int8_t* block = values + start + kQ4BlockValues * lane;
-          int32_t sum = 0;
-          for (int k = 0; k < kQ4BlockValues; ++k) {
-            superblock[64 * (k / 4) + 4 * lane + k % 4] = static_cast<std::byte>(block[k]);
-            sum += block[k];
-          }
-          const int32_t correction = -8 * sum;
-          std::memcpy(superblock + 512 + 4 * lane, &scales[start / kQ8BlockValues + lane], 4);
-          std::memcpy(superblock + 576 + 4 * lane, &correction, 4);
+    const int32_t offset = format == WeightFormat::kQ8 ? 128 : 8;  // of the unsigned weight operand
+    for (int64_t start = 0; start < stride; start += kQ4SuperblockValues) {
+      std::byte* superblock = superblocks_.get() + (t * stride + start) / 4 * 5;
+      for (int lane = 0; lane < 16; ++lane) {
+        const int8_t* block = values + start + kQ8BlockValues * lane;
+        int32_t sum = 0;
+        for (int k = 0; k < kQ8BlockValues; ++k) {
+          superblock[64 * (k / 4) + 4 * lane + k % 4] = static_cast<std::byte>(block[k]);
+          sum += block[k];
         }
-      }
-    } else {
-      for (int64_t k = 0; k < stride; k += 64) {
-        std::byte* step = q8_steps_.get() + (t * stride + k) * 2;
-        for (int i = 0; i < 64; ++i) step[i] = static_cast<std::byte>(static_cast<uint8_t>(values[k + i]) ^ 0x80u);
-        for (int lane = 0; lane < 16; ++lane) std::memcpy(step + 64 + 4 * lane, &scales[(k + 4 * lane) / kQ8BlockValues], 4);
+        const int32_t correction = -offset * sum;
+        std::memcpy(superblock + 512 + 4 * lane, &scales[start / kQ8BlockValues + lane], 4);
+        std::memcpy(superblock + 576 + 4 * lane, &correction, 4);
       }
     }
   }
@@ -305,7 +306,7 @@ void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64
                : x.format() == WeightFormat::kBF16 ? static_cast<const void*>(x.bf16_values())
                                                    : static_cast<const void*>(x.q8_values());
   operands.x_scales = x.q8_scales();
-  operands.x_q8_steps = x.q8_steps();
+  operands.x_superblocks = x.superblocks();
   operands.x_stride = x.stride();
   operands.tokens = x.tokens();
   operands.w = w.values;

@@ -31,17 +31,34 @@
 
 namespace gemma4rt::kernels {
 
+// q8 weights as these kernels read them (pack_q8 writes them from the checkpoint's row-major int8):
+// each value + 128 as one byte, a row cut into superblocks of 512 values laid out as q4's are
+// (core/formats.h) but with a byte per value, so a 64-byte vector holds 4 values of each of 16 blocks:
+// byte 4 * n * c + 4 * b + i of a superblock of n blocks (16, or fewer in a row's last one) holds value
+// 32 * b + 4 * c + i (c = 0..7). A row's last block is padded with value 0. Dot products then sum every
+// block in its own 32-bit lane and scale once per superblock, as for q4.
+inline int64_t q8_packed_row_bytes(int64_t cols) { return q8_blocks_per_row(cols) * kQ8BlockValues; }
+inline int64_t q8_packed_offset(int64_t column, int64_t cols) {
+  const int64_t superblock = column / 512, in_superblock = column % 512;
+  const int64_t blocks_here = q8_blocks_per_row(cols) - superblock * 16;
+  const int64_t lanes = blocks_here < 16 ? blocks_here : 16;
+  return superblock * 512 + 4 * lanes * (in_superblock % 32 / 4) + 4 * (in_superblock / 32) + in_superblock % 4;
+}
+// Packs a [rows][cols] row-major int8 matrix (values in [-127, 127]) into [rows][q8_packed_row_bytes].
+void pack_q8(const int8_t* values, int64_t rows, int64_t cols, uint8_t* packed);
+
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;
   int64_t rows = 0, cols = 0;
-  const void* values = nullptr;          // f32 / bf16 (uint16_t bits) / int8 in [-127, 127], row-major [rows][cols]
+  const void* values = nullptr;          // f32 / bf16 (uint16_t bits), row-major [rows][cols]
+                                         // q8: pack_q8's bytes, [rows][q8_packed_row_bytes(cols)]
                                          // q4: nibbles, [rows][q4_row_bytes(cols)]
   const float* block_scales = nullptr;   // q8 only: [rows][q8_blocks_per_row(cols)]
   const uint16_t* half_scales = nullptr; // q4 only: f16 [rows][q4_blocks_per_row(cols)]
 };
 
-// A 2-D F32, BF16, Q8 or Q4 view (use TensorView::slice for one expert of a stacked tensor) as a matrix
-// read in place. F16 and other ranks throw gemma4rt::Error: the caller converts those.
+// A 2-D F32, BF16 or Q4 view (use TensorView::slice for one expert of a stacked tensor) as a matrix
+// read in place. Q8 (packed first: pack_q8), F16 and other ranks throw gemma4rt::Error.
 WeightMatrix weight_matrix(const TensorView& view);
 
 // Quantises a row-major float matrix to q8: per block of 32 consecutive values of a row (the last block
@@ -80,15 +97,12 @@ class PreparedActivations {
   const int8_t* q8_values() const { return reinterpret_cast<const int8_t*>(values_.get()); }        // kQ8
   // kQ8: [tokens][stride / 32] block scales (blocks past cols are 0).
   const float* q8_scales() const { return scales_.get(); }
-  // kQ8, the VNNI kernels' copy: [tokens][stride / 64] steps of 128 bytes, 64-byte aligned: the step's
-  // 64 values + 128 as unsigned bytes, then for each int32 lane (4 values) its block's scale.
-  const std::byte* q8_steps() const { return q8_steps_.get(); }
-  // kQ4 (values and scales as kQ8, with a stride of whole superblocks of 512, plus): [tokens][stride /
-  // 512] superblocks of 640 bytes, 64-byte aligned: the 512 int8 values in the weights' superblock order
-  // (core/formats.h: 64 bytes hold 4 values of each of the 16 blocks), the 16 blocks' scales, then each
-  // block's int32 -8 * (sum of its values), which turns a product with unsigned nibbles (q + 8) into
-  // one with q.
-  const std::byte* q4_steps() const { return q8_steps_.get(); }
+  // kQ8 and kQ4, the SIMD kernels' copy (with a stride of whole superblocks of 512): [tokens][stride /
+  // 512] superblocks of 640 bytes, 64-byte aligned: the 512 int8 values in the weights' superblock
+  // order (64 bytes hold 4 values of each of the 16 blocks), the 16 blocks' scales, then each block's
+  // int32 -c * (sum of its values), c = 128 for q8 and 8 for q4: it turns a product with unsigned
+  // weights (w + 128, or the nibble q + 8) into one with w.
+  const std::byte* superblocks() const { return superblocks_.get(); }
 
  private:
   struct FreeDeleter {
@@ -100,8 +114,8 @@ class PreparedActivations {
 
   std::unique_ptr<std::byte, FreeDeleter> values_;
   std::unique_ptr<float, FreeDeleter> scales_;
-  std::unique_ptr<std::byte, FreeDeleter> q8_steps_;
-  size_t values_capacity_ = 0, scales_capacity_ = 0, q8_steps_capacity_ = 0;  // bytes
+  std::unique_ptr<std::byte, FreeDeleter> superblocks_;
+  size_t values_capacity_ = 0, scales_capacity_ = 0, superblocks_capacity_ = 0;  // bytes
   int64_t tokens_ = 0, cols_ = 0, stride_ = 0;
   WeightFormat format_ = WeightFormat::kF32;
 };
@@ -119,8 +133,7 @@ namespace detail {
 struct MatmulOperands {
   const void* x;                // prepared activations: f32 / bf16 bits / int8, [tokens][x_stride], zero padded
   const float* x_scales;        // q8, q4: [tokens][x_stride / 32]
-  const std::byte* x_q8_steps;  // q8 for VNNI: [tokens][x_stride / 64] steps of 128 bytes (PreparedActivations)
-                                // q4: superblocks of 640 bytes (PreparedActivations::q4_steps)
+  const std::byte* x_superblocks;  // q8, q4: [tokens][x_stride / 512] of 640 bytes (PreparedActivations::superblocks)
   int64_t x_stride;             // elements between tokens (a multiple of 64)
   int64_t tokens;
   const void* w;                // weights [rows][cols]

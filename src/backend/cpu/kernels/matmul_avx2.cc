@@ -92,37 +92,58 @@ struct Bf16Widen {
   }
 };
 
-// q8: vpmaddubsw needs one unsigned operand, so it multiplies |x| by w carrying x's sign (vpsignb);
-// with |x|, |w| <= 127 the int16 pair sums cannot saturate. One 32-byte step is one q8 block.
+// q8, one superblock of 512 values per step (pack_q8's layout, matmul.h), taken as two halves of 8
+// blocks. vpmaddubsw needs one unsigned operand, so it multiplies |x| by w carrying x's sign
+// (vpsignb); with |x|, |w| <= 127 the int16 pair sums cannot saturate. Each half sums its 8 blocks'
+// exact dot products in int32 lanes, then converts and scales them once per superblock.
 struct Q8Sign {
-  static constexpr int kStep = 32, kTokens = 2, kRows = 2;
+  static_assert(kQ8BlockValues == 32, "a step is one superblock of 16 blocks");
+  static constexpr int kStep = 512, kTokens = 2, kRows = 2;
   static constexpr int64_t kWeightBits = 8;
-  struct Row { const int8_t* values; const float* scales; };
-  struct Token { const int8_t* values; const float* scales; };
-  struct WVec { __m256i values; __m256 scale; };
-  struct XVec { __m256i values, magnitudes; __m256 scale; };
+  struct Row { const uint8_t* codes; const float* scales; };
+  struct Token { const std::byte* superblocks; };
+  struct WVec { const uint8_t* codes; __m256 scales[2]; };
+  using XVec = const std::byte*;
   static Row row(const MatmulOperands& op, int64_t r) {
-    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * q8_blocks_per_row(op.cols)};
+    return {static_cast<const uint8_t*>(op.w) + r * q8_packed_row_bytes(op.cols), op.w_scales + r * q8_blocks_per_row(op.cols)};
   }
-  static Token token(const MatmulOperands& op, int64_t t) {
-    return {static_cast<const int8_t*>(op.x) + t * op.x_stride, op.x_scales + t * (op.x_stride / kQ8BlockValues)};
+  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_superblocks + t * op.x_stride / 4 * 5}; }
+  static void prefetch(const Row& row, int64_t k) {
+    for (int line = 0; line < 8; ++line) prefetch_ahead(row.codes + k + 64 * line);
   }
-  static void prefetch(const Row& row, int64_t k) { prefetch_ahead(row.values + k); }
   static WVec load_w(const Row& row, int64_t k) {
-    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.values + k)),
-            _mm256_broadcast_ss(row.scales + k / kQ8BlockValues)};
+    return {row.codes + k, {_mm256_loadu_ps(row.scales + k / kQ8BlockValues), _mm256_loadu_ps(row.scales + k / kQ8BlockValues + 8)}};
   }
+  // A row's last superblock of fewer than 16 blocks, spread to the full layout (missing lanes 0 with
+  // scale 0, against zero activations) in the next of a few per-thread buffers: a tile holds at most
+  // kRows of them at once.
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    return {load_partial<int8_t, 32>(row.values + k, count), _mm256_broadcast_ss(row.scales + k / kQ8BlockValues)};
+    alignas(32) static thread_local uint8_t buffers[2 * kRows][512];
+    static thread_local int next = 0;
+    uint8_t* spread = buffers[next];
+    next = (next + 1) % (2 * kRows);
+    const int64_t blocks = (count + kQ8BlockValues - 1) / kQ8BlockValues;
+    std::memset(spread, 128, 512);
+    for (int c = 0; c < 8; ++c) std::memcpy(spread + 64 * c, row.codes + k + 4 * blocks * c, static_cast<size_t>(4 * blocks));
+    alignas(32) float scales[16] = {};
+    std::memcpy(scales, row.scales + k / kQ8BlockValues, static_cast<size_t>(blocks) * sizeof(float));
+    return {spread, {_mm256_load_ps(scales), _mm256_load_ps(scales + 8)}};
   }
-  static XVec load_x(const Token& token, int64_t k) {
-    const __m256i values = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(token.values + k));
-    return {values, _mm256_abs_epi8(values), _mm256_broadcast_ss(token.scales + k / kQ8BlockValues)};
-  }
-  static __m256 madd(__m256 acc, const XVec& x, const WVec& w) {
-    const __m256i pairs = _mm256_maddubs_epi16(x.magnitudes, _mm256_sign_epi8(w.values, x.values));
-    const __m256i dot = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w.scale, x.scale), acc);
+  static XVec load_x(const Token& token, int64_t k) { return token.superblocks + k / 4 * 5; }
+  static __m256i load(const void* address) { return _mm256_load_si256(static_cast<const __m256i*>(address)); }
+  static __m256 madd(__m256 acc, XVec x, const WVec& w) {
+    const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; ++h) {
+      __m256i dot = _mm256_setzero_si256();
+      for (int c = 0; c < 8; ++c) {
+        const __m256i weights = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.codes + 64 * c + 32 * h)), offset);
+        const __m256i values = load(x + 64 * c + 32 * h);
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(values), _mm256_sign_epi8(weights, values));
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+      }
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w.scales[h], _mm256_load_ps(reinterpret_cast<const float*>(x + 512 + 32 * h))), acc);
+    }
+    return acc;
   }
 };
 
@@ -141,7 +162,7 @@ struct Q4Unsigned {
   static Row row(const MatmulOperands& op, int64_t r) {
     return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
   }
-  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride / 4 * 5}; }
+  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_superblocks + t * op.x_stride / 4 * 5}; }
   static void prefetch(const Row& row, int64_t k) {
     for (int line = 0; line < 4; ++line) prefetch_ahead(row.nibbles + k / 2 + 64 * line);
   }

@@ -20,7 +20,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <cstdlib>
 
 #include "backend/cpu/kernels/matmul.h"
 
@@ -28,13 +27,6 @@ namespace gemma4rt::kernels::detail {
 namespace {
 
 inline int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
-
-// Two consecutive floats as the bits of one double: scales are only 4-byte aligned, so no double load.
-inline double two_floats(const float* pair) {
-  double bits;
-  std::memcpy(&bits, pair, sizeof(bits));
-  return bits;
-}
 
 // Weight bytes per cache block: the rows of one block stay in L2 (1 MiB on Zen 4) while every token
 // tile passes over them, so each weight byte comes from memory once per matmul call.
@@ -69,7 +61,7 @@ inline __mmask64 mask64(int64_t count) { return count >= 64 ? ~0ull : (1ull << c
 // ---- per-format operand policies: how to load one k-step of a weight row / token and multiply-add ----
 
 struct F32Fma {
-  static constexpr int kStep = 16, kTokens = 6, kRows = 4;
+  static constexpr int kStep = 16, kTokens = 6, kRows = 4, kBatchRows = 3;
   static constexpr int64_t kWeightBits = 32, kActivationBits = 32;
   struct Row { const float* values; };
   struct Token { const float* values; };
@@ -90,7 +82,7 @@ struct F32Fma {
 
 // bf16 with vdpbf16ps: 32 products per instruction, pairs summed into 16 fp32 lanes.
 struct Bf16Dot {
-  static constexpr int kStep = 32, kTokens = 6, kRows = 4;
+  static constexpr int kStep = 32, kTokens = 6, kRows = 4, kBatchRows = 3;
   static constexpr int64_t kWeightBits = 16, kActivationBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
@@ -112,7 +104,7 @@ struct Bf16Dot {
 // bf16 without BF16 instructions: a bf16 is the top half of a float, so the even elements of 32 are a
 // 16-bit left shift and the odd ones a mask away from fp32.
 struct Bf16Widen {
-  static constexpr int kStep = 32, kTokens = 4, kRows = 4;
+  static constexpr int kStep = 32, kTokens = 4, kRows = 4, kBatchRows = 2;
   static constexpr int64_t kWeightBits = 16, kActivationBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
@@ -138,111 +130,90 @@ struct Bf16Widen {
   }
 };
 
-// q8 with VNNI. vpdpbusd multiplies unsigned by signed bytes, so activations come prepared as
-// u = x + 128; the offset's contribution 128 * sum(w) is computed once per weight vector (shared by
-// all tokens) and starts each token's integer dot product negated, which keeps it exact. One 64-byte
-// step is two q8 blocks: lanes 0-7 hold block 2j, lanes 8-15 block 2j+1, so the int32 sums are
-// converted to float and scaled per lane by w_scale * x_scale. A token's 64 offset values and 16 lane
-// scales of one step are 128 contiguous prepared bytes, so one pointer per token suffices (eight
-// tokens' operands stay in the general registers) and eight tokens of 1536 values fit in L1.
-struct Q8Vnni {
-  static_assert(kQ8BlockValues == 32, "k >> 5 below is k / kQ8BlockValues");
-  static constexpr int kStep = 64, kTokens = 4, kRows = 3;
-  static constexpr int64_t kWeightBits = 8, kActivationBits = 16;  // 128 prepared bytes per 64 values
-  struct Row { const int8_t* values; const float* scales; };
-  struct Token { const std::byte* steps; };
-  struct WVec { __m512i values, negated_offset; __m512 scales; };
-  struct XVec { __m512i offset_values; __m512 scales; };
-  static WVec weights(__m512i values, __m128 two_scales) {
-    // Keeps the weights in a register: otherwise both vpdpbusd read them from memory again.
-    __asm__("" : "+v"(values));
-    const __m512i offset = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), values);
-    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    return {values, _mm512_sub_epi32(_mm512_setzero_si512(), offset),
-            _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(two_scales))};
-  }
-  static Row row(const MatmulOperands& op, int64_t r) {
-    return {static_cast<const int8_t*>(op.w) + r * op.cols, op.w_scales + r * q8_blocks_per_row(op.cols)};
-  }
-  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride * 2}; }
-  static void prefetch(const Row& row, int64_t k, int64_t offset) { prefetch_line(row.values + k, offset); }
-  static WVec load_w(const Row& row, int64_t k) {
-    return weights(_mm512_loadu_si512(row.values + k),
-                   _mm_castpd_ps(_mm_set_sd(two_floats(row.scales + (k >> 5)))));
-  }
-  static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    const int blocks = count > kQ8BlockValues ? 2 : 1;
-    return weights(_mm512_maskz_loadu_epi8(mask64(count), row.values + k),
-                   _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << blocks) - 1u), row.scales + (k >> 5)));
-  }
-  static XVec load_x(const Token& token, int64_t k) {
-    const std::byte* step = token.steps + 2 * k;
-    return {_mm512_load_si512(step), _mm512_load_ps(reinterpret_cast<const float*>(step + 64))};
-  }
-  static __m512 madd(__m512 acc, const XVec& x, const WVec& w) {
-    const __m512i dot = _mm512_dpbusd_epi32(w.negated_offset, x.offset_values, w.values);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.scales, x.scales), acc);
-  }
-};
-
-// q4 with VNNI, one superblock of 512 values per step (layout in core/formats.h). Each of its four
-// 64-byte vectors gives two vectors of codes (low nibbles, high nibbles) that hold 4 values of each of
-// the 16 blocks, lane by lane, as the prepared activations do; the codes (q + 8) are vpdpbusd's
-// unsigned operand and the int8 activations its signed one. Eight vpdpbusd into one register, started
-// from each lane's prepared -8 * sum(x), give every block's exact sum(q * x) in its own lane, which is
-// converted and scaled by w_scale * x_scale once per superblock.
-struct Q4Vnni {
-  static_assert(kQ4BlockValues == 32 && kQ4SuperblockValues == 512, "a step is one superblock of 16 blocks");
-  static constexpr int kStep = 512, kTokens = 8, kRows = 1;
-  static constexpr int64_t kWeightBits = 4, kActivationBits = 10;  // 640 prepared bytes per 512 values
-  struct Row { const uint8_t* nibbles; const uint16_t* scales; };
+// q8 and q4 with VNNI, one superblock of 512 values per step (layouts: pack_q8 in matmul.h, q4 in
+// core/formats.h). The weights come as eight vectors of unsigned codes (w + 128, or the nibble q + 8)
+// that hold 4 values of each of the 16 blocks, lane by lane, as the prepared activations do; the codes
+// are vpdpbusd's unsigned operand and the int8 activations its signed one. Eight vpdpbusd into one
+// register, started from each lane's prepared -128 * sum(x) or -8 * sum(x), give every block's exact
+// sum(w * x) in its own lane, which is converted and scaled by w_scale * x_scale once per superblock.
+// A token's operands for a superblock are 640 contiguous prepared bytes, so one pointer per token
+// suffices.
+struct SuperblockVnni {
+  static_assert(kQ8BlockValues == 32 && kQ4BlockValues == 32 && kQ4SuperblockValues == 512, "a step is 16 blocks");
+  static constexpr int kStep = 512, kTokens = 8, kRows = 1, kBatchRows = 1;
+  static constexpr int64_t kActivationBits = 10;  // 640 prepared bytes per 512 values
   struct Token { const std::byte* superblocks; };
   struct WVec { __m512i codes[8]; __m512 scales; };
   using XVec = const std::byte*;
-  static Row row(const MatmulOperands& op, int64_t r) {
-    return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
-  }
-  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_q8_steps + t * op.x_stride / 4 * 5}; }
-  static void prefetch(const Row& row, int64_t k, int64_t offset) {
-    const uint8_t* next = row.nibbles + k / 2 + offset;
-    for (int line = 0; line < 4; ++line) prefetch_line(next, 64 * line);
-  }
-  // A whole superblock of 16 blocks, or a row's last one of `blocks` (its vectors are 4 * blocks bytes
-  // apart; the missing lanes load as code 0 with scale 0, against zero activations).
-  static WVec load_blocks(const Row& row, int64_t k, int blocks) {
-    WVec w;
-    const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
-    const __mmask64 bytes = mask64(4 * blocks);
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      const __m512i packed = _mm512_maskz_loadu_epi8(bytes, row.nibbles + k / 2 + 4 * blocks * v);
-      w.codes[2 * v] = _mm512_and_si512(packed, low_nibbles);
-      w.codes[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
-    }
-    w.scales = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(blocks), row.scales + k / kQ4BlockValues));
-    return w;
-  }
-  static WVec load_w(const Row& row, int64_t k) {
-    WVec w;
-    const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      const __m512i packed = _mm512_loadu_si512(row.nibbles + k / 2 + 64 * v);
-      w.codes[2 * v] = _mm512_and_si512(packed, low_nibbles);
-      w.codes[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
-    }
-    w.scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.scales + k / kQ4BlockValues)));
-    return w;
-  }
-  static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    return load_blocks(row, k, static_cast<int>((count + kQ4BlockValues - 1) / kQ4BlockValues));
-  }
+  static Token token(const MatmulOperands& op, int64_t t) { return {op.x_superblocks + t * op.x_stride / 4 * 5}; }
   static XVec load_x(const Token& token, int64_t k) { return token.superblocks + k / 4 * 5; }
   static __m512 madd(__m512 acc, XVec x, const WVec& w) {
     __m512i dot = _mm512_load_si512(x + 576);
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) dot = _mm512_dpbusd_epi32(dot, w.codes[s], _mm512_load_si512(x + 64 * s));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.scales, _mm512_load_ps(reinterpret_cast<const float*>(x + 512))), acc);
+  }
+};
+
+struct Q8Vnni : SuperblockVnni {
+  static constexpr int64_t kWeightBits = 8;
+  struct Row { const uint8_t* codes; const float* scales; };
+  static Row row(const MatmulOperands& op, int64_t r) {
+    return {static_cast<const uint8_t*>(op.w) + r * q8_packed_row_bytes(op.cols), op.w_scales + r * q8_blocks_per_row(op.cols)};
+  }
+  static void prefetch(const Row& row, int64_t k, int64_t offset) {
+    for (int line = 0; line < 8; ++line) prefetch_line(row.codes + k + offset, 64 * line);
+  }
+  static WVec load_w(const Row& row, int64_t k) {
+    WVec w;
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) w.codes[s] = _mm512_loadu_si512(row.codes + k + 64 * s);
+    w.scales = _mm512_loadu_ps(row.scales + k / kQ8BlockValues);
+    return w;
+  }
+  // A row's last superblock of `blocks` < 16: its vectors are 4 * blocks bytes apart; missing lanes
+  // load as code 0 with scale 0, against zero activations.
+  static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
+    const int blocks = static_cast<int>((count + kQ8BlockValues - 1) / kQ8BlockValues);
+    WVec w;
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) w.codes[s] = _mm512_maskz_loadu_epi8(mask64(4 * blocks), row.codes + k + 4 * blocks * s);
+    w.scales = _mm512_maskz_loadu_ps(mask16(blocks), row.scales + k / kQ8BlockValues);
+    return w;
+  }
+};
+
+// Each of a q4 superblock's four 64-byte vectors gives two vectors of codes: low nibbles, high nibbles.
+struct Q4Vnni : SuperblockVnni {
+  static constexpr int64_t kWeightBits = 4;
+  struct Row { const uint8_t* nibbles; const uint16_t* scales; };
+  static Row row(const MatmulOperands& op, int64_t r) {
+    return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
+  }
+  static void prefetch(const Row& row, int64_t k, int64_t offset) {
+    for (int line = 0; line < 4; ++line) prefetch_line(row.nibbles + k / 2 + offset, 64 * line);
+  }
+  // A whole superblock (blocks = 16, vectors 64 bytes apart) or a row's last one of fewer blocks
+  // (vectors 4 * blocks bytes apart; the missing lanes load as code 0 with scale 0, against zero
+  // activations).
+  static WVec load_blocks(const Row& row, int64_t k, int blocks) {
+    WVec w;
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m512i packed = blocks == 16 ? _mm512_loadu_si512(row.nibbles + k / 2 + 64 * v)
+                                          : _mm512_maskz_loadu_epi8(mask64(4 * blocks), row.nibbles + k / 2 + 4 * blocks * v);
+      w.codes[2 * v] = _mm512_and_si512(packed, low_nibbles);
+      w.codes[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+    }
+    const auto* scales = row.scales + k / kQ4BlockValues;
+    w.scales = _mm512_cvtph_ps(blocks == 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales))
+                                            : _mm256_maskz_loadu_epi16(mask16(blocks), scales));
+    return w;
+  }
+  static WVec load_w(const Row& row, int64_t k) { return load_blocks(row, k, 16); }
+  static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
+    return load_blocks(row, k, static_cast<int>((count + kQ4BlockValues - 1) / kQ4BlockValues));
   }
 };
 
@@ -257,7 +228,7 @@ constexpr int64_t weight_bytes_of(int64_t values) { return values * P::kWeightBi
 struct KRange {
   int64_t begin = 0, end = 0;     // multiples of kStep, except end == cols: this call finishes the sums
   __m512* carried = nullptr;      // [chains][MT][NR] accumulators, when [begin, end) is not all of K
-  int64_t prefetch_offset = 0;    // single-row tiles: bytes from each weight load to the line prefetched
+  int64_t prefetch_offset = 0;    // bytes from each weight load to the line prefetched (0: none)
 };
 
 // Tokens [t0, t0 + MT) x rows [r0, r0 + row_count), row_count <= NR, over K range `range`. Missing rows
@@ -287,7 +258,10 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
     }
   }
   auto step = [&](__m512 (&sums)[MT][NR], int64_t k) {
-    if constexpr (NR == 1) P::prefetch(rows[0], k, range.prefetch_offset);
+    if (range.prefetch_offset != 0) {
+#pragma GCC unroll 8
+      for (int i = 0; i < NR; ++i) P::prefetch(rows[i], k, range.prefetch_offset);
+    }
     typename P::WVec w[NR];
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) w[i] = P::load_w(rows[i], k);
@@ -416,13 +390,46 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// A few tokens (a decode step of several sequences): tiles of up to kDecodeTokens tokens x kBatchRows
+// rows, so each weight vector loaded feeds several tokens and each activation vector several rows
+// (single-row tiles spend a load on every multiply-add and stay below the compute roof). K is cut as
+// in run_decode so all tokens' activations of a chunk stay in L1 while groups of rows stream past;
+// every token tile of a group reads the group's chunk from L1, and the first prefetches the next
+// group's lines into L2.
+constexpr int kBatchTokens = 16;
+
+template <class P>
+void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  constexpr int NR = P::kBatchRows;
+  int64_t chunk = op.cols;
+  if (op.tokens * op.cols * P::kActivationBits / 8 > kDecodeActivationLimit) {
+    chunk = kDecodeChunkBytes * 8 / (op.tokens * P::kActivationBits) / (2 * P::kStep) * (2 * P::kStep);
+    if (chunk < 2 * P::kStep) chunk = 2 * P::kStep;
+  }
+  const int64_t tiles = (op.tokens + kDecodeTokens - 1) / kDecodeTokens;
+  alignas(64) __m512 carried[kBatchTokens / kDecodeTokens][kDecodeTokens * NR];
+  const int64_t row_bytes = weight_bytes_of<P>(op.cols);
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += NR) {
+    const int64_t row_count = smaller(NR, row_end - r0);
+    for (int64_t k0 = 0; k0 < op.cols; k0 += chunk) {
+      const int64_t k1 = op.cols - k0 <= chunk ? op.cols : k0 + chunk;
+      for (int64_t tile_index = 0; tile_index < tiles; ++tile_index) {
+        // Equal tiles (16 tokens: 8 + 8, 12: 6 + 6): none left with a token or two.
+        const int64_t t0 = op.tokens * tile_index / tiles, t1 = op.tokens * (tile_index + 1) / tiles;
+        const KRange range{k0, k1, chunk == op.cols ? nullptr : carried[tile_index], tile_index == 0 ? NR * row_bytes : 0};
+        tile_for_tokens<P, kDecodeTokens, NR>(t1 - t0, op, t0, r0, row_count, range);
+      }
+    }
+  }
+}
+
 // Prefill: rows are taken in blocks that fit L2; inside a block every token tile sweeps all its rows,
 // so the token tile's activations stay in L1 while weight rows stream from L2 (from memory once).
 template <class P>
 void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
-  static const int stream_tokens = getenv("G4_STREAM") ? atoi(getenv("G4_STREAM")) : kDecodeTokens;
-  if (op.tokens <= stream_tokens) return run_decode<P>(op, row_begin, row_end);
+  if (op.tokens == 1) return run_decode<P>(op, row_begin, row_end);
+  if (op.tokens <= kBatchTokens) return run_batch<P>(op, row_begin, row_end);
   const KRange whole{0, op.cols, nullptr, 0};
   const int64_t row_bytes = weight_bytes_of<P>(op.cols) + 64;
   int64_t block_rows = kWeightBlockBytes / row_bytes / P::kRows * P::kRows;
