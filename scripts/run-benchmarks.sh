@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the figures of docs/benchmarks.md on this machine. Writes synthetic full-size checkpoints
-# to $WORK (default /tmp/gemma4rt-bench, about 45 GB; removed at the end unless KEEP=1) and prints JSON
+# to $WORK (default /tmp/gemma4rt-bench, about 60 GB; removed at the end unless KEEP=1) and prints JSON
 # lines. Run on an otherwise idle machine: the decode figures are memory-bandwidth measurements.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,11 +33,28 @@ for shape in 12b 31b 26b-a4b; do
   bench "$shape bf16, 4 layers" --model "$work/$shape-l4" -p 64 -n 16
 done
 
-echo "== serve e2b: aggregate decode at concurrency 1, 4, 8"
-"$binary" serve --model "$work/e2b" --port 18123 --parallel 8 --ctx 512 > "$work/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 120); do curl -sf http://127.0.0.1:18123/health >/dev/null && break; sleep 1; done
-for concurrency in 1 4 8; do node bench/serve_load.mjs http://127.0.0.1:18123 "$concurrency" 32 64; done
-kill -TERM "$server"; wait "$server" || true
+# q4 and q8 decode, alternating (the VM's bandwidth drifts within minutes).
+"$binary" quantize --model "$work/e2b" --out "$work/e2b-q8" --dtype q8 --force
+"$binary" quantize --model "$work/e2b" --out "$work/e2b-q4" --dtype q4 --force
+for d in e2b-q8 e2b-q4; do cp "$work/e2b/tokenizer.json" "$work/$d/"; done
+for run in 1 2; do
+  bench "e2b q8 checkpoint, run $run" --model "$work/e2b-q8" -p 64 -n 32
+  bench "e2b q4 checkpoint, run $run" --model "$work/e2b-q4" -p 64 -n 32
+done
+
+serve_load() {  # checkpoint dir, --parallel, concurrencies...
+  local dir=$1 parallel=$2; shift 2
+  echo "== serve $dir --parallel $parallel: aggregate decode at concurrency $*"
+  "$binary" serve --model "$work/$dir" --port 18123 --parallel "$parallel" --ctx 512 > "$work/serve.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 600); do curl -sf http://127.0.0.1:18123/health >/dev/null && break; sleep 1; done
+  node bench/serve_load.mjs http://127.0.0.1:18123 1 16 32 >/dev/null  # warm-up: touches every weight page
+  for concurrency in "$@"; do node bench/serve_load.mjs http://127.0.0.1:18123 "$concurrency" 64 32; done
+  kill -TERM "$server"; wait "$server" || true
+}
+serve_load e2b 8 1 4 8
+serve_load e2b 16 16
+serve_load e2b-q8 8 1 4 8
+serve_load e2b-q8 16 16
 
 [ "${KEEP:-0}" = 1 ] || rm -rf "$work"
