@@ -174,9 +174,13 @@ struct Automaton::Feeder {
   }
   void pop() { out.frames_.pop_back(); }
 
-  static bool whitespace(uint8_t, Frame& frame) {
-    if (frame.whitespace >= kMaxWhitespace) return false;
-    ++frame.whitespace;
+  // A run of whitespace holds at most kMaxWhitespace bytes and one line break (bit 7 of the count),
+  // so a model that likes newlines still has to write the value.
+  static bool whitespace(uint8_t byte, Frame& frame) {
+    constexpr uint8_t kLineBreak = 0x80;
+    const bool line_break = byte == '\n' || byte == '\r';
+    if ((frame.whitespace & 0x7F) >= kMaxWhitespace || (line_break && (frame.whitespace & kLineBreak))) return false;
+    frame.whitespace = static_cast<uint8_t>(frame.whitespace + 1) | (line_break ? kLineBreak : 0);
     return true;
   }
 

@@ -4,7 +4,8 @@
 // that reject it and merges duplicates; the state is dead when none is left.
 //
 // Bounds that keep every state small and every output finishable: at most kMaxFrames frames per
-// thread (nesting), kMaxThreads threads, kMaxWhitespace bytes of whitespace in a row, 15 digits in the
+// thread (nesting), kMaxThreads threads, kMaxWhitespace bytes of whitespace in a row (one line break at
+// most), 15 digits in the
 // integer and fraction parts of a number and 2 in its exponent (so every number is a finite double).
 // Strings never hold '<' (JSON can write it \u003c), so no text can spell a Gemma control token.
 #pragma once
@@ -20,7 +21,7 @@ namespace gemma4rt::constrain {
 
 inline constexpr size_t kMaxFrames = 160;
 inline constexpr size_t kMaxThreads = 64;
-inline constexpr uint8_t kMaxWhitespace = 32;
+inline constexpr uint8_t kMaxWhitespace = 24;
 
 enum class FrameKind : uint8_t { kRoot, kToolCalls, kValue, kObject, kKey, kArray, kString, kNumber, kLiteral };
 

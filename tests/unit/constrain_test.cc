@@ -44,6 +44,8 @@ TEST(ConstrainAutomaton, WhitespaceRunsAreBounded) {
   const Automaton automaton(*json_object_grammar());
   EXPECT_TRUE(automaton.accepts(std::string(kMaxWhitespace, ' ') + "{}"));
   EXPECT_FALSE(automaton.accepts(std::string(kMaxWhitespace + 1, ' ') + "{}"));
+  EXPECT_TRUE(automaton.accepts("{\n  \"a\": [\n    1\n  ]\n}\n"));
+  EXPECT_FALSE(automaton.accepts("{\n\n\"a\": 1}"));
 }
 
 TEST(ConstrainAutomaton, ObjectsFollowPropertiesRequiredAndAdditional) {
