@@ -26,7 +26,10 @@ std::string token_bytes(const Tokenizer& tokenizer, int32_t id) {
     return {};
   }
   if (text.size() == 6 && text.starts_with("<0x") && text.back() == '>' && hex_digit(text[3]) >= 0 && hex_digit(text[4]) >= 0) {
-    return std::string(1, static_cast<char>(hex_digit(text[3]) * 16 + hex_digit(text[4])));
+    const int byte = hex_digit(text[3]) * 16 + hex_digit(text[4]);
+    // Bytes no UTF-8 text holds never help; 0xF8-0xFA would pose as the symbols above.
+    if (byte == 0xC0 || byte == 0xC1 || byte >= 0xF5) return {};
+    return std::string(1, static_cast<char>(byte));
   }
   std::string bytes;
   constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // ▁

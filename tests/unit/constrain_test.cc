@@ -212,6 +212,7 @@ TEST_F(ConstrainMask, TokenBytesFollowTheDecoder) {
   EXPECT_EQ(table_->bytes(space_the), " the");
   EXPECT_EQ(table_->bytes(*tokenizer_->token_id("<0x41>")), "A");
   EXPECT_EQ(table_->bytes(52), kQuote);  // <|"|>
+  EXPECT_EQ(table_->bytes(*tokenizer_->token_id("<0xF8>")), "");  // not UTF-8, and not the symbol of <|"|>
   EXPECT_EQ(table_->bytes(106), "");     // <turn|> is never text
   EXPECT_EQ(table_->bytes(2), "");       // <bos>
 }
