@@ -667,16 +667,35 @@ bool Automaton::complete(const State& state) const {
 }
 
 bool Automaton::in_plain_string(const State& state, uint32_t& room) const {
-  if (state.ends_.size() != 1) return false;
-  const Frame& top = state.frames_.back();
-  if (top.kind == FrameKind::kKey) {
-    room = UINT32_MAX;
-    return (top.flags & kKeyDeviated) && top.a == 0;
+  // A plain token leaves every such thread in its string (only counters move), so it is allowed when
+  // it fits the thread with the most room.
+  room = 0;
+  for (const uint32_t end : state.ends_) {
+    const Frame& top = state.frames_[end - 1];
+    uint32_t thread_room = 0;
+    if (top.kind == FrameKind::kKey) {
+      // Another key is allowed and the key so far can turn into one at any plain byte: it has no
+      // escape and ends on a character boundary.
+      if (!(top.flags & kKeyFree)) return false;
+      if (top.flags & kKeyDeviated) {
+        if (top.a != 0) return false;
+      } else if (top.c > 0) {
+        const std::string& prefix = grammar_.nodes[top.node].properties[top.a].key_text;
+        uint32_t utf8 = 0;
+        bool starts = false;
+        for (size_t i = 0; i < top.c; ++i) utf8_next(utf8, static_cast<uint8_t>(prefix[i]), starts);
+        if (utf8 != 0 || prefix.find('\\') < top.c) return false;
+      }
+      thread_room = UINT32_MAX;
+    } else if (top.kind == FrameKind::kString && top.phase == 0 && top.b == 0) {
+      const Node& node = grammar_.nodes[top.node];
+      thread_room = node.max_count == UINT32_MAX ? UINT32_MAX : node.max_count - top.a;
+    } else {
+      return false;
+    }
+    room = std::max(room, thread_room);
   }
-  if (top.kind != FrameKind::kString || top.phase != 0 || top.b != 0) return false;
-  const Node& node = grammar_.nodes[top.node];
-  room = node.max_count == UINT32_MAX ? UINT32_MAX : node.max_count - top.a;
-  return true;
+  return !state.ends_.empty();
 }
 
 bool Automaton::accepts_prefix(std::string_view text, State* end) const {

@@ -63,9 +63,9 @@ class Automaton {
   bool step(const State& in, uint8_t byte, State& out) const;
   // A whole output may end here (some thread has produced a complete value or tool call).
   bool complete(const State& state) const;
-  // The top frame of the state's only thread is inside a string that accepts any run of plain
-  // characters (see TokenTable) without leaving it. Sets `room` to the code points the string may
-  // still take (UINT32_MAX: unbounded).
+  // Every thread's top frame is inside a string (or a key that may be any string) that accepts any
+  // run of plain characters (see TokenTable) without leaving it. Sets `room` to the most code points
+  // one of them may still take (UINT32_MAX: unbounded).
   bool in_plain_string(const State& state, uint32_t& room) const;
 
   // Convenience for tests: feeds all bytes from the start state; false if any is rejected.

@@ -19,6 +19,10 @@ Matcher::Matcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const T
     : grammar_(std::move(grammar)), table_(std::move(table)), automaton_(*grammar_), end_tokens_(std::move(end_tokens)) {
   state_ = automaton_.start();
   walk_states_.resize(table_->all_tokens().longest() + 1);
+  const TokenBits& first = allowed();
+  if (std::all_of(first.begin(), first.end(), [](uint64_t word) { return word == 0; })) {
+    fail("no token of this vocabulary can start the constrained output");
+  }
 }
 
 void Matcher::walk(const ByteTrie& trie, TokenBits& mask) {

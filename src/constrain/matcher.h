@@ -19,7 +19,8 @@ namespace gemma4rt::constrain {
 class Matcher {
  public:
   // `end_tokens`: ids that end the output (the checkpoint's stop tokens); allowed only where the
-  // output is complete.
+  // output is complete. Throws Error when no token of the vocabulary can start the output (a
+  // vocabulary without the tool-call tokens, say), so a request fails before it runs.
   Matcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenTable> table, std::vector<int32_t> end_tokens);
 
   // The tokens that may come next; empty when an end token was accepted.

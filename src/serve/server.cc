@@ -762,7 +762,12 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
   sequence.top_logprobs = request.logprobs;
   if (request.grammar) {
     const std::vector<int32_t> ends(state.model.eos_token_ids.begin(), state.model.eos_token_ids.end());
-    sequence.constraint = std::make_shared<constrain::Matcher>(request.grammar, state.token_table(), ends);
+    try {
+      sequence.constraint = std::make_shared<constrain::Matcher>(request.grammar, state.token_table(), ends);
+    } catch (const Error& error) {
+      send_error(response, invalid_request(error.what(), request.grammar->tools.empty() ? "response_format" : "tool_choice"), route);
+      return;
+    }
   }
   const double timeout = request.timeout_seconds.value_or(options_.request_timeout_seconds);
   if (timeout > 0) sequence.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));

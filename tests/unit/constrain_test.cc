@@ -217,6 +217,13 @@ TEST_F(ConstrainMask, TokenBytesFollowTheDecoder) {
   EXPECT_EQ(table_->bytes(2), "");       // <bos>
 }
 
+TEST_F(ConstrainMask, AVocabularyThatCannotStartTheOutputIsAnError) {
+  // The first 64 ids are control tokens: none writes '{'.
+  const auto small = std::make_shared<TokenTable>(*tokenizer_, 64);
+  EXPECT_THROW(Matcher(json_object_grammar(), small, {1}), Error);
+  EXPECT_NO_THROW(Matcher(json_object_grammar(), table_, {1}));
+}
+
 TEST_F(ConstrainMask, MasksEqualBruteForceOnTheRealVocabulary) {
   const std::vector<int32_t> ends = {1, 106};
   const auto object = json_object_grammar();
@@ -232,6 +239,14 @@ TEST_F(ConstrainMask, MasksEqualBruteForceOnTheRealVocabulary) {
   expect_mask_matches_brute_force(nested, table_, ids("{\"name\": \"ab"), ends);     // a bounded string
   expect_mask_matches_brute_force(nested, table_, ids("{\"kind\": \"al"), ends);     // an enum
   expect_mask_matches_brute_force(nested, table_, ids("{\"id\": 3, \"items\": [1.5e"), ends);
+  // Several threads in strings at once, and keys that may be declared or other ones.
+  const auto strings = schema(R"({"anyOf":[{"type":"string","maxLength":3},{"type":"string","minLength":2,"maxLength":6}]})");
+  expect_mask_matches_brute_force(strings, table_, ids("\"ab"), ends);
+  const auto keys = schema(R"({"type":"object","properties":{"name":{"type":"integer"},"a\"b":{"type":"null"},"é":{"type":"null"}}})");
+  expect_mask_matches_brute_force(keys, table_, ids("{\""), ends);
+  expect_mask_matches_brute_force(keys, table_, ids("{\"na"), ends);
+  expect_mask_matches_brute_force(keys, table_, ids("{\"a\\"), ends);
+  expect_mask_matches_brute_force(keys, table_, {ids("{\"")[0], *tokenizer_->token_id("<0xC3>")}, ends);
   const auto tools = compile_tool_calls({{"search", json::parse(R"({"type":"object","properties":{"q":{"type":"string"}},"required":["q"]})")}});
   expect_mask_matches_brute_force(tools, table_, {}, {50});
   expect_mask_matches_brute_force(tools, table_, {48}, {50});
