@@ -59,58 +59,28 @@ uint32_t count_cap(const Node& node) { return node.max_count == UINT32_MAX ? nod
 uint32_t bump(uint32_t count, const Node& node) { return std::min(count + 1, count_cap(node)); }
 
 // The sub-range of sorted texts [lo, hi), all sharing their first `pos` bytes, whose byte at `pos` is
-// `byte` (shorter texts sort first, then by that byte).
-std::pair<uint32_t, uint32_t> narrow(const std::vector<std::string>& texts, uint32_t lo, uint32_t hi, size_t pos, uint8_t byte) {
+// `byte` (shorter texts sort first, then by that byte). `text(i)` is the i-th text.
+template <typename TextOf>
+std::pair<uint32_t, uint32_t> narrow(TextOf text, uint32_t lo, uint32_t hi, size_t pos, uint8_t byte) {
   auto key = [&](uint32_t index) -> int {
-    const std::string& text = texts[index];
-    return text.size() > pos ? static_cast<uint8_t>(text[pos]) : -1;
+    const std::string& candidate = text(index);
+    return candidate.size() > pos ? static_cast<uint8_t>(candidate[pos]) : -1;
   };
-  uint32_t first = lo, last = hi;
-  // lower bound of key >= byte
-  for (uint32_t count = last - first; count > 0;) {
-    const uint32_t half = count / 2;
-    if (key(first + half) < byte) {
-      first += half + 1;
-      count -= half + 1;
-    } else {
-      count = half;
+  // The first index whose key is at least `bound`, by bisection.
+  auto first_at_least = [&](int bound) {
+    uint32_t first = lo;
+    for (uint32_t count = hi - lo; count > 0;) {
+      const uint32_t half = count / 2;
+      if (key(first + half) < bound) {
+        first += half + 1;
+        count -= half + 1;
+      } else {
+        count = half;
+      }
     }
-  }
-  uint32_t end = first;
-  for (uint32_t count = hi - first; count > 0;) {
-    const uint32_t half = count / 2;
-    if (key(end + half) <= byte) {
-      end += half + 1;
-      count -= half + 1;
-    } else {
-      count = half;
-    }
-  }
-  return {first, end};
-}
-
-std::pair<uint32_t, uint32_t> narrow_keys(const std::vector<Property>& properties, uint32_t lo, uint32_t hi, size_t pos, uint8_t byte) {
-  auto key = [&](uint32_t index) -> int {
-    const std::string& text = properties[index].key_text;
-    return text.size() > pos ? static_cast<uint8_t>(text[pos]) : -1;
+    return first;
   };
-  uint32_t first = lo;
-  while (first < hi && key(first) < byte) ++first;
-  uint32_t end = first;
-  while (end < hi && key(end) == byte) ++end;
-  return {first, end};
-}
-
-std::pair<uint32_t, uint32_t> narrow_prefixes(const std::vector<ToolEntry>& tools, uint32_t lo, uint32_t hi, size_t pos, uint8_t byte) {
-  auto key = [&](uint32_t index) -> int {
-    const std::string& text = tools[index].prefix;
-    return text.size() > pos ? static_cast<uint8_t>(text[pos]) : -1;
-  };
-  uint32_t first = lo;
-  while (first < hi && key(first) < byte) ++first;
-  uint32_t end = first;
-  while (end < hi && key(end) == byte) ++end;
-  return {first, end};
+  return {first_at_least(byte), first_at_least(byte + 1)};
 }
 
 uint64_t required_mask(const Node& node) {
@@ -220,7 +190,7 @@ struct Automaton::Feeder {
         frame.c = 0;
         return true;
       case kCallsPrefix: {
-        const auto [lo, hi] = narrow_prefixes(grammar.tools, frame.a, frame.b, frame.c, byte);
+        const auto [lo, hi] = narrow([&](uint32_t i) -> const std::string& { return grammar.tools[i].prefix; }, frame.a, frame.b, frame.c, byte);
         if (lo == hi) return false;
         const ToolEntry& first = grammar.tools[lo];
         if (first.prefix.size() == frame.c + 1) {  // "call:NAME{" is whole: the arguments follow
@@ -367,7 +337,7 @@ struct Automaton::Feeder {
     const auto& properties = node.properties;
     const uint64_t seen = parent().c;
     if (!(key.flags & kKeyDeviated)) {
-      const auto [lo, hi] = narrow_keys(properties, key.a, key.b, key.c, byte);
+      const auto [lo, hi] = narrow([&](uint32_t i) -> const std::string& { return properties[i].key_text; }, key.a, key.b, key.c, byte);
       bool open = false;  // some unseen property still fits
       for (uint32_t i = lo; i < hi && !open; ++i) open = !(seen >> i & 1);
       if (open) {
@@ -569,7 +539,7 @@ struct Automaton::Feeder {
   bool feed_literal(uint8_t byte) {
     Frame& frame = top();
     const auto& texts = grammar.nodes[frame.node].literals;
-    const auto [lo, hi] = narrow(texts, frame.a, frame.b, frame.c, byte);
+    const auto [lo, hi] = narrow([&](uint32_t i) -> const std::string& { return texts[i]; }, frame.a, frame.b, frame.c, byte);
     if (lo < hi) {
       if (hi - lo == 1 && texts[lo].size() == frame.c + 1) {
         pop();  // the only candidate is whole
