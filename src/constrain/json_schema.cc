@@ -632,7 +632,8 @@ std::shared_ptr<const Grammar> compile_tool_calls(const std::vector<ToolSchema>&
   }
   std::sort(grammar->tools.begin(), grammar->tools.end(), [](const ToolEntry& a, const ToolEntry& b) { return a.prefix < b.prefix; });
   // The finishing passes run over the whole table once.
-  Compiler finisher(json(), Syntax::kGemma, "tools");
+  static const json kNoDocument;  // the finishing passes resolve no $ref
+  Compiler finisher(kNoDocument, Syntax::kGemma, "tools");
   finisher.grammar().nodes = std::move(grammar->nodes);
   finisher.grammar().tools = std::move(grammar->tools);
   return finisher.finish(roots);

@@ -114,6 +114,33 @@ TEST(ConstrainAutomaton, ToolCallsInGemmaSyntax) {
   EXPECT_FALSE(automaton.accepts(kOpen + "call:get{}"));                                   // unterminated
 }
 
+TEST(ConstrainAutomaton, DeepNestingAndRandomBytesStayBounded) {
+  const Automaton automaton(*json_object_grammar());
+  // Nesting stops at kMaxFrames: the byte that would go deeper is refused, nothing recurses.
+  std::string deep = "{\"a\":";
+  for (int i = 0; i < 1000; ++i) deep += "[";
+  State state;
+  EXPECT_FALSE(automaton.accepts_prefix(deep, &state));
+  std::string shallow = "{\"a\":" + std::string(100, '[') + std::string(100, ']') + "}";
+  EXPECT_TRUE(automaton.accepts(shallow));
+  // Random bytes from a valid prefix: every surviving state is bounded.
+  const auto grammar = schema(R"({"anyOf":[{"type":"object","additionalProperties":{"anyOf":[{"type":"string"},{"type":"array"}]}},
+      {"type":"object","properties":{"a":{"enum":[1,12,123]}}}]})");
+  const Automaton branching(*grammar);
+  std::mt19937 random(3);
+  const std::string alphabet = "{}[]\",:0123456789.eE-+tfnrul \n\\abc\xC3\xA9";
+  for (int run = 0; run < 2000; ++run) {
+    State current = branching.start(), next;
+    for (int i = 0; i < 64; ++i) {
+      const char c = alphabet[std::uniform_int_distribution<size_t>(0, alphabet.size() - 1)(random)];
+      if (!branching.step(current, static_cast<uint8_t>(c), next)) break;
+      std::swap(current, next);
+      ASSERT_LE(current.threads(), kMaxThreads);
+      ASSERT_LE(current.frames().size(), kMaxThreads * kMaxFrames);
+    }
+  }
+}
+
 SchemaError schema_error(const std::string& text) {
   try {
     compile_json_schema(json::parse(text));
