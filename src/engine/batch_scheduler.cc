@@ -206,12 +206,12 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
   // Logit rows must be increasing: decode rows come first, then prompt ends in row order.
   const auto start = std::chrono::steady_clock::now();
   if (options_.before_forward) options_.before_forward(rows_, logit_rows_);
-  // A step whose every sampled row decodes greedily, without logprobs or penalties, needs only the argmax
-  // ids back from the device; any other row needs the softcapped logits.
+  // A step whose every sampled row decodes greedily, without logprobs, penalties or a constraint, needs
+  // only the argmax ids back from the device; any other row needs the softcapped logits.
   const bool argmax_only = std::all_of(sampled.begin(), sampled.end(), [](const Sequence* sequence) {
     const SequenceRequest& request = sequence->request;
     return sequence->sampler->options().greedy() && request.top_logprobs < 0 && request.presence_penalty == 0.0f &&
-           request.frequency_penalty == 0.0f;
+           request.frequency_penalty == 0.0f && !request.constraint;
   });
   if (argmax_only) {
     greedy_ids_.resize(logit_rows_.size());
@@ -257,7 +257,11 @@ void BatchScheduler::emit(Sequence& sequence, float* logits, const int32_t* gree
       logits[token] -= request.presence_penalty + request.frequency_penalty * static_cast<float>(count);
     }
   }
+  if (request.constraint) request.constraint->mask_logits(std::span<float>(logits, vocab));
   const int32_t token = greedy_id ? *greedy_id : sequence.sampler->sample(std::span<const float>(logits, vocab));
+  if (request.constraint && !request.constraint->accept(token)) {
+    fail("structured output: no token can continue the constrained text");
+  }
   if (event.logprob) {
     // Recover log p(token) from the unpenalised value: penalties only touched generated tokens.
     float raw = logits[token];

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "constrain/matcher.h"
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 
@@ -42,6 +43,9 @@ struct SequenceRequest {
   std::vector<int> stop_token_ids;
   int top_logprobs = -1;                  // -1: no logprobs; 0..20: logprob of the token plus that many alternatives
   std::optional<std::chrono::steady_clock::time_point> deadline;
+  // Structured output: tokens the matcher does not allow get -inf before sampling or argmax (its end
+  // tokens should be stop_token_ids). Null: free text, at no cost.
+  std::shared_ptr<constrain::Matcher> constraint;
   // Called on the engine thread for every token; return false to stop the sequence (e.g. a stop string).
   std::function<bool(const TokenEvent&)> on_token;
   // Called once on the engine thread when the sequence ends: "stop", "length", "cancelled", "timeout" or "error".

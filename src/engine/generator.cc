@@ -22,12 +22,21 @@ GenerationResult generate(Transformer& transformer, std::span<const int32_t> pro
   // Greedy decoding takes the argmax on the device (only the id comes back); sampling and logprobs need
   // the logits.
   const bool logprobs = options.top_logprobs >= 0;
-  const bool argmax_only = options.sampling.greedy() && !logprobs;
+  const bool argmax_only = options.sampling.greedy() && !logprobs && !options.constraint;
   GenerationResult result;
+  std::vector<float> masked;
   auto next = [&](std::span<const int32_t> tokens, int at) {
     if (argmax_only) return transformer.forward_greedy(tokens, at);
     const std::span<const float> logits = transformer.forward(tokens, at);
-    const int32_t token = sampler.sample(logits);
+    int32_t token = 0;
+    if (options.constraint) {
+      masked.assign(logits.begin(), logits.end());
+      options.constraint->mask_logits(masked);
+      token = sampler.sample(masked);
+      if (!options.constraint->accept(token)) fail("structured output: no token can continue the constrained text");
+    } else {
+      token = sampler.sample(logits);
+    }
     if (logprobs) {
       GeneratedLogprobs entry;
       float log_normaliser = 0.0f;

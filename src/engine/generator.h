@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "constrain/matcher.h"
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 
@@ -19,6 +20,9 @@ struct GenerationOptions {
   bool ignore_eos = false;
   std::vector<int> stop_token_ids;   // usually the checkpoint's eos ids
   int top_logprobs = -1;             // >= 0: each token's log-probability and that many alternatives
+  // Structured output: tokens the matcher does not allow are never chosen (its end tokens should be
+  // stop_token_ids). Null: free text.
+  std::shared_ptr<constrain::Matcher> constraint;
 };
 
 // A generated token's log-probability under the model (softcapped logits, before temperature) and

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 
+#include "constrain/json_schema.h"
 #include "core/error.h"
 
 namespace gemma4rt::serve {
@@ -141,6 +142,73 @@ void parse_common(const json& body, const ServedModel& model, ParsedRequest& req
   }
 }
 
+// response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", "strict"}}.
+std::shared_ptr<const constrain::Grammar> parse_response_format(const json& body) {
+  const Fields fields(body);
+  if (!fields.has("response_format")) return nullptr;
+  const json& format = fields.at("response_format");
+  const char* field = "response_format";
+  if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
+    throw invalid_request("'response_format' must be an object with a 'type' (text, json_object or json_schema)", field);
+  }
+  const std::string type = format["type"].get<std::string>();
+  if (type == "text") return nullptr;
+  if (type == "json_object") return constrain::json_object_grammar();
+  if (type != "json_schema") throw invalid_request(fmt::format("'response_format.type' must be text, json_object or json_schema, got '{}'", type), field);
+  if (!format.contains("json_schema") || !format["json_schema"].is_object()) {
+    throw invalid_request("'response_format.json_schema' must be an object with a 'schema'", field);
+  }
+  const json& spec = format["json_schema"];
+  if (spec.contains("name") && !spec["name"].is_string()) throw invalid_request("'response_format.json_schema.name' must be a string", field);
+  if (spec.contains("strict") && !spec["strict"].is_null() && !spec["strict"].is_boolean()) {
+    throw invalid_request("'response_format.json_schema.strict' must be true or false", field);
+  }
+  if (!spec.contains("schema")) throw invalid_request("'response_format.json_schema.schema' is required", field);
+  try {
+    return constrain::compile_json_schema(spec["schema"]);
+  } catch (const constrain::SchemaError& error) {
+    throw invalid_request(fmt::format("response_format.json_schema.schema: {}", error.what()), field);
+  }
+}
+
+// A forced tool call (tool_choice "required" or a named function): the grammar of the allowed calls.
+std::shared_ptr<const constrain::Grammar> forced_tool_calls(const json& tools, const json& choice) {
+  if (!tools.is_array() || tools.empty()) throw invalid_request("'tool_choice' forces a tool call but 'tools' is empty", "tool_choice");
+  std::string wanted;
+  if (choice.is_object()) {
+    const json* function = choice.contains("function") ? &choice["function"] : nullptr;
+    if ((choice.contains("type") && choice["type"] != "function") || function == nullptr || !function->is_object() ||
+        !function->contains("name") || !(*function)["name"].is_string()) {
+      throw invalid_request("'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice");
+    }
+    wanted = (*function)["name"].get<std::string>();
+  }
+  std::vector<constrain::ToolSchema> schemas;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& tool = tools[i];
+    const json* function = tool.is_object() && tool.contains("function") ? &tool["function"] : nullptr;
+    if (function == nullptr || !function->is_object() || !function->contains("name") || !(*function)["name"].is_string()) {
+      throw invalid_request(fmt::format("tools[{}] needs a 'function' with a 'name'", i), "tools");
+    }
+    const std::string name = (*function)["name"].get<std::string>();
+    if (!wanted.empty() && name != wanted) continue;
+    schemas.push_back({name, function->contains("parameters") ? (*function)["parameters"] : json()});
+  }
+  if (schemas.empty()) throw invalid_request(fmt::format("'tool_choice' names the function '{}', which is not in 'tools'", wanted), "tool_choice");
+  try {
+    return constrain::compile_tool_calls(schemas);
+  } catch (const constrain::SchemaError& error) {
+    throw invalid_request(error.what(), "tools");
+  }
+}
+
+// What structured output cannot be combined with.
+void check_structured_output(const ParsedRequest& request, const char* by) {
+  if (!request.grammar) return;
+  if (!request.stop.empty()) throw invalid_request(fmt::format("'stop' cannot be combined with {}: a stop string would cut the output short", by), "stop");
+  if (request.ignore_eos) throw invalid_request(fmt::format("'ignore_eos' cannot be combined with {}: the output ends where it is complete", by), "ignore_eos");
+}
+
 }  // namespace
 
 ApiError invalid_request(const std::string& message, const std::string& param) {
@@ -201,17 +269,26 @@ ParsedRequest parse_chat_request(const json& body, const ServedModel& model) {
     tools = fields.at("tools");
     if (!tools.is_array()) throw invalid_request("'tools' must be a list", "tools");
   }
+  bool forced = false;
   if (fields.has("tool_choice")) {
     const json& choice = fields.at("tool_choice");
     if (choice.is_string()) {
       const std::string value = choice.get<std::string>();
       if (value != "none" && value != "auto" && value != "required") throw invalid_request("'tool_choice' must be none, auto, required or an object", "tool_choice");
       if (value == "none") tools = nullptr;  // the model is not told about tools it may not call
+      forced = value == "required";
     } else if (!choice.is_object()) {
       throw invalid_request("'tool_choice' must be none, auto, required or an object", "tool_choice");
+    } else {
+      forced = true;
     }
+    if (forced) request.grammar = forced_tool_calls(tools, choice);
   }
   request.has_tools = tools.is_array() && !tools.empty();
+  if (auto format = parse_response_format(body)) {
+    if (forced) throw invalid_request("'response_format' cannot be combined with a forced tool call ('tool_choice')", "response_format");
+    request.grammar = std::move(format);
+  }
 
   std::string prompt;
   try {
@@ -228,6 +305,7 @@ ParsedRequest parse_chat_request(const json& body, const ServedModel& model) {
   request.logprobs = logprobs ? static_cast<int>(top.value_or(0)) : -1;
 
   parse_common(body, model, request);
+  check_structured_output(request, forced ? "a forced tool call" : "response_format");
   return request;
 }
 
@@ -257,7 +335,9 @@ ParsedRequest parse_completion_request(const json& body, const ServedModel& mode
     request.prompt_tokens.insert(request.prompt_tokens.begin(), model.bos_token_id);
   }
   if (auto logprobs = fields.integer("logprobs", 0, 20)) request.logprobs = static_cast<int>(*logprobs);
+  request.grammar = parse_response_format(body);
   parse_common(body, model, request);
+  check_structured_output(request, "response_format");
   return request;
 }
 

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "constrain/grammar.h"
 #include "engine/sampler.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
@@ -57,6 +58,8 @@ struct ParsedRequest {
   std::vector<std::string> stop;
   int logprobs = -1;                     // -1: none; else the number of alternatives per token
   bool has_tools = false;
+  // Structured output (response_format json_object / json_schema, or a forced tool call); null: free text.
+  std::shared_ptr<const constrain::Grammar> grammar;
   bool ignore_eos = false;
   std::optional<double> timeout_seconds;
 };

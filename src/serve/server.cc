@@ -723,6 +723,11 @@ void Server::wait() {
   if (listener_ && listener_->joinable()) listener_->join();
 }
 
+std::shared_ptr<const constrain::TokenTable> ServingState::token_table() {
+  std::call_once(token_table_built_, [this] { token_table_ = std::make_shared<constrain::TokenTable>(*tokenizer, model.vocab_size); });
+  return token_table_;
+}
+
 void Server::handle_completion(const httplib::Request& http_request, const std::string& http_body, httplib::Response& response, bool chat) {
   const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
   if (!authorized(http_request, response)) return;
@@ -755,6 +760,15 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
   sequence.ignore_eos = request.ignore_eos;
   sequence.stop_token_ids = state.model.eos_token_ids;
   sequence.top_logprobs = request.logprobs;
+  if (request.grammar) {
+    const std::vector<int32_t> ends(state.model.eos_token_ids.begin(), state.model.eos_token_ids.end());
+    try {
+      sequence.constraint = std::make_shared<constrain::Matcher>(request.grammar, state.token_table(), ends);
+    } catch (const Error& error) {
+      send_error(response, invalid_request(error.what(), request.grammar->tools.empty() ? "response_format" : "tool_choice"), route);
+      return;
+    }
+  }
   const double timeout = request.timeout_seconds.value_or(options_.request_timeout_seconds);
   if (timeout > 0) sequence.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
   sequence.on_token = [this, session](const TokenEvent& event) {

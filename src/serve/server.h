@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
+#include "constrain/token_table.h"
 #include "engine/batch_scheduler.h"
 #include "serve/metrics.h"
 #include "serve/openai_api.h"
@@ -37,6 +39,13 @@ struct ServingState {
   ServedModel model;
   std::unique_ptr<BatchScheduler> scheduler;
   std::unique_ptr<Tokenizer> tokenizer;
+
+  // The vocabulary as structured output walks it, built by the first request that needs it.
+  std::shared_ptr<const constrain::TokenTable> token_table();
+
+ private:
+  std::once_flag token_table_built_;
+  std::shared_ptr<const constrain::TokenTable> token_table_;
 };
 
 class Server {

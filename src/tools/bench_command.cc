@@ -2,18 +2,23 @@
 // memory-bandwidth ceiling measured by a short probe. Decode is memory-bound, so decode tok/s times
 // the weight bytes a token reads, divided by the probe's bandwidth, says how close to the limit it runs.
 #include <chrono>
+#include <filesystem>
+#include <optional>
 #include <cmath>
 #include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "constrain/json_schema.h"
 #include "core/error.h"
+#include "core/json_input.h"
 #include "backend/backend.h"
 #include "engine/transformer.h"
 #include "model/weights.h"
 #include "tools/commands.h"
 #include "tools/engine_flags.h"
+#include "tools/structured_output_bench.h"
 
 namespace gemma4rt::tools {
 namespace {
@@ -25,6 +30,8 @@ struct BenchFlags {
   int depth = 0;
   int repeats = 1;
   bool json = false;
+  bool json_object = false;  // also time structured output: any JSON object
+  std::string json_schema;   // ... or a JSON Schema file
   EngineFlags engine;
 };
 
@@ -141,6 +148,20 @@ int bench(const BenchFlags& flags) {
     at_depth = time_decode(transformer, flags.depth, flags.decode_tokens);
   }
 
+  std::optional<nlohmann::json> structured;
+  if (flags.json_object || !flags.json_schema.empty()) {
+    std::shared_ptr<const constrain::Grammar> grammar;
+    try {
+      grammar = flags.json_object ? constrain::json_object_grammar() : constrain::compile_json_schema(parse_json_file(flags.json_schema));
+    } catch (const constrain::SchemaError& error) {
+      fail("--json-schema {}: {}", flags.json_schema, error.what());
+    }
+    const auto tokenizer_path = std::filesystem::path(flags.model_dir) / "tokenizer.json";
+    if (!std::filesystem::exists(tokenizer_path)) fail("{}: file not found (structured output needs the tokenizer)", tokenizer_path.string());
+    fmt::print(stderr, "bench: decoding {} tokens with structured output ...\n", flags.decode_tokens);
+    structured = bench_structured_output(transformer, Tokenizer::load(tokenizer_path), grammar, flags.decode_tokens, at_zero.ms_per_token);
+  }
+
   const double bytes_per_token = transformer.weight_bytes_per_token();
   const double roofline_tokens_per_second = bandwidth / bytes_per_token;
   nlohmann::json result = {
@@ -174,6 +195,7 @@ int bench(const BenchFlags& flags) {
       {"mpi", communicator != nullptr},
       {"communication_ms_per_decode_token", decode_communication_ms},
   };
+  if (structured) result["structured_output"] = *structured;
   if (!prints) return 0;
   if (flags.json) {
     fmt::print("{}\n", result.dump(2));
@@ -196,6 +218,15 @@ int bench(const BenchFlags& flags) {
     fmt::print("{}| tg{} @ d{} | {:.2f} | {:.2f}x of depth 0 |\n", head, flags.decode_tokens, flags.depth, at_depth.tokens_per_second,
                result["decode_depth_ratio"].get<double>());
   }
+  if (structured) {
+    const nlohmann::json& s = *structured;
+    fmt::print("{}| tg{} {} | {:.2f} | {:.1f}% of the free rate; mask per step over {} steps of the {}-token vocabulary: median {:.3f} ms "
+               "({:.2f}% of a free step), p99 {:.3f} ms, worst {:.3f} ms (CPU time: worst {:.3f} ms); {} outputs completed |\n",
+               head, flags.decode_tokens, flags.json_object ? "json_object" : "json_schema", 1000.0 / s["constrained_ms_per_token"].get<double>(),
+               s["constrained_rate_percent"].get<double>(), s["steps"].get<int>(), s["vocabulary"].get<int>(), s["median_ms"].get<double>(),
+               s["mask_median_percent_of_step"].get<double>(), s["p99_ms"].get<double>(), s["worst_ms"].get<double>(),
+               s["cpu"]["worst_ms"].get<double>(), s["outputs_completed"].get<int>());
+  }
   fmt::print("\nKV cache: {:.1f} MiB allocated, {} bytes per token of context (sliding rings and KV-shared layers excluded)\n",
              transformer.kv_cache().size_bytes() / 1048576.0, transformer.kv_cache().bytes_per_context_token());
   return 0;
@@ -212,6 +243,9 @@ Action add_bench_command(CLI::App& app) {
   command->add_option("-d,--depth", flags->depth, "Also decode after filling the context to this many tokens")->check(zero_or_more());
   command->add_option("-r,--repeats", flags->repeats, "Prompt repetitions (the best is reported)")->check(at_least_one());
   command->add_flag("--json", flags->json, "Print the figures as JSON");
+  auto* schema = command->add_option("--json-schema", flags->json_schema, "Also decode under this JSON Schema file and time the token masks")
+                     ->check(CLI::ExistingFile);
+  command->add_flag("--json-object", flags->json_object, "Also decode under json_object mode and time the token masks")->excludes(schema);
   flags->engine.add_to(*command);
   return [flags] { return bench(*flags); };
 }

@@ -6,7 +6,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "constrain/json_schema.h"
+#include "constrain/token_table.h"
 #include "core/error.h"
+#include "core/json_input.h"
 #include "engine/generator.h"
 #include "model/weights.h"
 #include "serve/output_parser.h"
@@ -33,8 +36,22 @@ struct RunFlags {
   int context_tokens = 4096;
   bool json = false;
   int logprobs = -1;
+  std::string json_schema;  // structured output: a JSON Schema file
+  bool json_object = false;  // structured output: any JSON object
   EngineFlags engine;
 };
+
+// --json-schema FILE or --json-object: the grammar the output must follow, or null.
+std::shared_ptr<const constrain::Grammar> output_grammar(const RunFlags& flags) {
+  if (flags.json_object) return constrain::json_object_grammar();
+  if (flags.json_schema.empty()) return nullptr;
+  const nlohmann::json schema = parse_json_file(flags.json_schema);
+  try {
+    return constrain::compile_json_schema(schema);
+  } catch (const constrain::SchemaError& error) {
+    fail("--json-schema {}: {}", flags.json_schema, error.what());
+  }
+}
 
 Tokenizer load_tokenizer_for(const std::filesystem::path& model_dir, const char* why) {
   const auto path = model_dir / "tokenizer.json";
@@ -43,6 +60,11 @@ Tokenizer load_tokenizer_for(const std::filesystem::path& model_dir, const char*
 }
 
 int run(const RunFlags& flags) {
+  const std::shared_ptr<const constrain::Grammar> grammar = output_grammar(flags);
+  if (grammar && flags.ignore_eos) fail("--ignore-eos cannot be combined with --json-schema or --json-object: the output ends where it is complete");
+  if (grammar && !flags.prompt_ids.empty() && !std::filesystem::exists(std::filesystem::path(flags.model_dir) / "tokenizer.json")) {
+    fail("--json-schema and --json-object need the checkpoint's tokenizer.json (the constraint works on the tokens' text)");
+  }
   auto model = Model::load(flags.model_dir);
   const ModelConfig& config = model->config();
 
@@ -96,6 +118,10 @@ int run(const RunFlags& flags) {
   options.ignore_eos = flags.ignore_eos;
   options.stop_token_ids.assign(config.eos_token_ids.begin(), config.eos_token_ids.end());
   options.top_logprobs = flags.logprobs;
+  if (grammar) {
+    auto table = std::make_shared<constrain::TokenTable>(*tokenizer, config.vocab_size);
+    options.constraint = std::make_shared<constrain::Matcher>(grammar, std::move(table), options.stop_token_ids);
+  }
 
   // With --thinking the output is parsed as the server parses it: the thought channel is reasoning,
   // streamed to stderr (its own stream), and the answer alone goes to stdout; --json gets "reasoning".
@@ -202,6 +228,9 @@ Action add_run_command(CLI::App& app) {
   command->add_option("--ctx", flags->context_tokens, "Context length: KV cache positions allocated at load")->check(at_least_one());
   flags->engine.add_to(*command);
   command->add_flag("--json", flags->json, "Print one JSON object with tokens, text, finish reason and timings");
+  auto* schema = command->add_option("--json-schema", flags->json_schema, "Structured output: the text is a JSON value valid under this JSON Schema file")
+                     ->check(CLI::ExistingFile);
+  command->add_flag("--json-object", flags->json_object, "Structured output: the text is a JSON object")->excludes(schema);
   command->add_option("--logprobs", flags->logprobs,
                       "With --json: each generated token's log-probability and the N most likely alternatives (0-20)")
       ->check(CLI::Range(0, 20));

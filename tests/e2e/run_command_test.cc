@@ -295,3 +295,42 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantizeCommand, ::testing::Values("q8", "q4")
 
 }  // namespace
 }  // namespace gemma4rt::testing
+
+namespace gemma4rt::testing {
+namespace {
+
+// run --json-object / --json-schema: the CLI's structured output (the server's is in structured_output.test.mjs).
+TEST(RunCommand, StructuredOutput) {
+  const std::string model = (kModels / "tiny-e2b-agent").string();
+  const std::string question = "What is the capital of France?";
+  const nlohmann::json object = run_json({"--model", model, "--chat", question, "--json-object", "--max-tokens", "80"});
+  ASSERT_EQ(object["finish_reason"], "stop") << object.dump();
+  EXPECT_TRUE(nlohmann::json::parse(object["text"].get<std::string>()).is_object()) << object.dump();
+
+  const auto dir = fresh_work_dir("run_structured_output");
+  write_text_file(dir / "const.json", R"({"const": {"city": "Paris", "n": [1, 2.5e3]}})");
+  const nlohmann::json constant = run_json({"--model", model, "--chat", question, "--json-schema", (dir / "const.json").string()});
+  EXPECT_EQ(constant["finish_reason"], "stop");
+  EXPECT_EQ(constant["text"], R"({"city":"Paris","n":[1,2500.0]})");
+
+  write_text_file(dir / "pattern.json", R"({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}}})");
+  CommandResult refused = run_gemma4rt({"run", "--model", model, "--chat", question, "--json-schema", (dir / "pattern.json").string()});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("'pattern'"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("#/properties/id"), std::string::npos) << refused.err;
+  refused = run_gemma4rt({"run", "--model", model, "--chat", question, "--json-object", "--ignore-eos"});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("--ignore-eos"), std::string::npos) << refused.err;
+
+  // bench times the masks of a constrained generation next to the free decode rate.
+  const CommandResult bench = run_gemma4rt({"bench", "--model", model, "-p", "4", "-n", "16", "--json-object", "--json", "--threads", "1"});
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  const nlohmann::json figures = nlohmann::json::parse(bench.out).at("structured_output");
+  EXPECT_EQ(figures["steps"], 16);
+  EXPECT_GT(figures["worst_ms"].get<double>(), 0.0);
+  EXPECT_GE(figures["worst_ms"].get<double>(), figures["median_ms"].get<double>());
+  EXPECT_GT(figures["constrained_ms_per_token"].get<double>(), 0.0);
+}
+
+}  // namespace
+}  // namespace gemma4rt::testing
