@@ -159,7 +159,7 @@ int bench(const BenchFlags& flags) {
     const auto tokenizer_path = std::filesystem::path(flags.model_dir) / "tokenizer.json";
     if (!std::filesystem::exists(tokenizer_path)) fail("{}: file not found (structured output needs the tokenizer)", tokenizer_path.string());
     fmt::print(stderr, "bench: decoding {} tokens with structured output ...\n", flags.decode_tokens);
-    structured = bench_structured_output(transformer, Tokenizer::load(tokenizer_path), grammar, flags.decode_tokens, at_zero.ms_per_token);
+    structured = bench_structured_output(transformer, Tokenizer::load(tokenizer_path), grammar, flags.decode_tokens);
   }
 
   const double bytes_per_token = transformer.weight_bytes_per_token();

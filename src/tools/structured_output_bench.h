@@ -14,10 +14,10 @@
 
 namespace gemma4rt::tools {
 
-// `free_ms_per_token`: the unconstrained decode step it is compared with. Decodes `tokens` tokens
-// twice from position 0 (sampled at temperature 1 for the mask figures, greedy for the rate); when
-// the output completes, a fresh matcher starts the next one.
+// Decodes `tokens` tokens under the constraint, sampled at temperature 1 from position 0 for the mask
+// figures (a fresh matcher starts when an output completes), then greedy in blocks that alternate with
+// unconstrained greedy blocks over the same positions for the two rates.
 nlohmann::json bench_structured_output(Transformer& transformer, const Tokenizer& tokenizer,
-                                       const std::shared_ptr<const constrain::Grammar>& grammar, int tokens, double free_ms_per_token);
+                                       const std::shared_ptr<const constrain::Grammar>& grammar, int tokens);
 
 }  // namespace gemma4rt::tools

@@ -61,7 +61,7 @@ inline __mmask64 mask64(int64_t count) { return count >= 64 ? ~0ull : (1ull << c
 // ---- per-format operand policies: how to load one k-step of a weight row / token and multiply-add ----
 
 struct F32Fma {
-  static constexpr int kStep = 16, kTokens = 6, kRows = 4, kBatchRows = 3;
+  static constexpr int kStep = 16, kTokens = 6, kRows = 4, kBatchTokens = 8, kBatchRows = 3;
   static constexpr int64_t kWeightBits = 32, kActivationBits = 32;
   struct Row { const float* values; };
   struct Token { const float* values; };
@@ -82,7 +82,7 @@ struct F32Fma {
 
 // bf16 with vdpbf16ps: 32 products per instruction, pairs summed into 16 fp32 lanes.
 struct Bf16Dot {
-  static constexpr int kStep = 32, kTokens = 6, kRows = 4, kBatchRows = 3;
+  static constexpr int kStep = 32, kTokens = 6, kRows = 4, kBatchTokens = 8, kBatchRows = 3;
   static constexpr int64_t kWeightBits = 16, kActivationBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
@@ -104,7 +104,7 @@ struct Bf16Dot {
 // bf16 without BF16 instructions: a bf16 is the top half of a float, so the even elements of 32 are a
 // 16-bit left shift and the odd ones a mask away from fp32.
 struct Bf16Widen {
-  static constexpr int kStep = 32, kTokens = 4, kRows = 4, kBatchRows = 2;
+  static constexpr int kStep = 32, kTokens = 4, kRows = 4, kBatchTokens = 8, kBatchRows = 2;
   static constexpr int64_t kWeightBits = 16, kActivationBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
@@ -140,7 +140,7 @@ struct Bf16Widen {
 // suffices.
 struct SuperblockVnni {
   static_assert(kQ8BlockValues == 32 && kQ4BlockValues == 32 && kQ4SuperblockValues == 512, "a step is 16 blocks");
-  static constexpr int kStep = 512, kTokens = 8, kRows = 1, kBatchRows = 1;
+  static constexpr int kStep = 512, kTokens = 8, kRows = 1, kBatchTokens = 4, kBatchRows = 2;
   static constexpr int64_t kActivationBits = 10;  // 640 prepared bytes per 512 values
   struct Token { const std::byte* superblocks; };
   struct WVec { __m512i codes[8]; __m512 scales; };
@@ -371,17 +371,24 @@ constexpr int64_t kDecodeActivationLimit = 32 * 1024;
 constexpr int64_t kDecodeChunkBytes = 16 * 1024;
 constexpr int kDecodeBlockRows = 8;
 
+// Values of K per chunk: all of it while the tokens' activations fit L1, else what fills half of it.
+template <class P>
+int64_t decode_chunk(const MatmulOperands& op) {
+  if (op.tokens * op.cols * P::kActivationBits / 8 <= kDecodeActivationLimit) return op.cols;
+  const int64_t chunk = kDecodeChunkBytes * 8 / (op.tokens * P::kActivationBits) / (2 * P::kStep) * (2 * P::kStep);
+  return chunk < 2 * P::kStep ? 2 * P::kStep : chunk;
+}
+
 template <class P>
 void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
-  if (op.tokens * op.cols * P::kActivationBits / 8 <= kDecodeActivationLimit) {
+  const int64_t chunk = decode_chunk<P>(op);
+  if (chunk == op.cols) {
     const KRange whole{0, op.cols, nullptr, kPrefetchBytes};
     for (int64_t r = row_begin; r < row_end; ++r) tile_for_tokens<P, kDecodeTokens, 1>(op.tokens, op, 0, r, 1, whole);
     return;
   }
   // Long rows: the weights are read in segments of `chunk` values, row after row within a block, then
   // the next chunk. Each segment prefetches the one read after it, at the same offset.
-  int64_t chunk = kDecodeChunkBytes * 8 / (op.tokens * P::kActivationBits) / (2 * P::kStep) * (2 * P::kStep);
-  if (chunk < 2 * P::kStep) chunk = 2 * P::kStep;
   alignas(64) __m512 carried[kDecodeBlockRows][kDecodeTokens];
   const int64_t row_bytes = weight_bytes_of<P>(op.cols);
   for (int64_t block = row_begin; block < row_end; block += kDecodeBlockRows) {
@@ -399,34 +406,39 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   }
 }
 
-// A few tokens (a decode step of several sequences): tiles of up to kDecodeTokens tokens x kBatchRows
+// A few tokens (a decode step of several sequences): tiles of up to kBatchTokens tokens x kBatchRows
 // rows, so each weight vector loaded feeds several tokens and each activation vector several rows
-// (single-row tiles spend a load on every multiply-add and stay below the compute roof). K is cut as
-// in run_decode so all tokens' activations of a chunk stay in L1 while groups of rows stream past;
-// every token tile of a group reads the group's chunk from L1, and the first prefetches the next
-// group's lines into L2.
-constexpr int kBatchTokens = 16;
+// (single-row tiles spend a load on every multiply-add and stay below the compute roof). As in
+// run_decode, K is cut into chunks whose activations (all tokens) stay in L1 while blocks of rows take
+// turns per chunk; every token tile of a group of rows reads the group's chunk from L1, and the first
+// prefetches the segment read after it.
+constexpr int kBatchMaxTokens = 16;
+constexpr int64_t kBatchBlockRows = 12;  // a multiple of every kBatchRows
 
 template <class P>
 void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   constexpr int NR = P::kBatchRows;
-  int64_t chunk = op.cols;
-  if (op.tokens * op.cols * P::kActivationBits / 8 > kDecodeActivationLimit) {
-    chunk = kDecodeChunkBytes * 8 / (op.tokens * P::kActivationBits) / (2 * P::kStep) * (2 * P::kStep);
-    if (chunk < 2 * P::kStep) chunk = 2 * P::kStep;
-  }
-  const int64_t tiles = (op.tokens + kDecodeTokens - 1) / kDecodeTokens;
-  alignas(64) __m512 carried[kBatchTokens / kDecodeTokens][kDecodeTokens * NR];
+  static_assert(kBatchBlockRows % NR == 0, "blocks hold whole groups of rows");
+  const int64_t chunk = decode_chunk<P>(op);
+  constexpr int MT = P::kBatchTokens;
+  const int64_t tiles = (op.tokens + MT - 1) / MT;
+  alignas(64) __m512 carried[kBatchBlockRows / NR][kBatchMaxTokens / MT][MT * NR];
   const int64_t row_bytes = weight_bytes_of<P>(op.cols);
-  for (int64_t r0 = row_begin; r0 < row_end; r0 += NR) {
-    const int64_t row_count = smaller(NR, row_end - r0);
+  for (int64_t block = row_begin; block < row_end; block += kBatchBlockRows) {
+    const int64_t block_end = smaller(block + kBatchBlockRows, row_end);
     for (int64_t k0 = 0; k0 < op.cols; k0 += chunk) {
       const int64_t k1 = op.cols - k0 <= chunk ? op.cols : k0 + chunk;
-      for (int64_t tile_index = 0; tile_index < tiles; ++tile_index) {
-        // Equal tiles (16 tokens: 8 + 8, 12: 6 + 6): none left with a token or two.
-        const int64_t t0 = op.tokens * tile_index / tiles, t1 = op.tokens * (tile_index + 1) / tiles;
-        const KRange range{k0, k1, chunk == op.cols ? nullptr : carried[tile_index], tile_index == 0 ? NR * row_bytes : 0};
-        tile_for_tokens<P, kDecodeTokens, NR>(t1 - t0, op, t0, r0, row_count, range);
+      for (int64_t r0 = block, group = 0; r0 < block_end; r0 += NR, ++group) {
+        const int64_t here = r0 * row_bytes + weight_bytes_of<P>(k0);
+        const int64_t next = r0 + NR < block_end ? here + NR * row_bytes
+                             : k1 < op.cols      ? block * row_bytes + weight_bytes_of<P>(k1)
+                                                 : block_end * row_bytes;
+        for (int64_t tile_index = 0; tile_index < tiles; ++tile_index) {
+          // Equal tiles (16 tokens: 8 + 8, 12: 6 + 6): none left with a token or two.
+          const int64_t t0 = op.tokens * tile_index / tiles, t1 = op.tokens * (tile_index + 1) / tiles;
+          const KRange range{k0, k1, chunk == op.cols ? nullptr : carried[group][tile_index], tile_index == 0 ? next - here : 0};
+          tile_for_tokens<P, MT, NR>(t1 - t0, op, t0, r0, smaller(NR, block_end - r0), range);
+        }
       }
     }
   }
@@ -438,7 +450,7 @@ template <class P>
 void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
   if (op.tokens == 1) return run_decode<P>(op, row_begin, row_end);
-  if (op.tokens <= kBatchTokens) return run_batch<P>(op, row_begin, row_end);
+  if (op.tokens <= kBatchMaxTokens) return run_batch<P>(op, row_begin, row_end);
   const KRange whole{0, op.cols, nullptr, 0};
   const int64_t row_bytes = weight_bytes_of<P>(op.cols) + 64;
   int64_t block_rows = kWeightBlockBytes / row_bytes / P::kRows * P::kRows;
