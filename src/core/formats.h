@@ -35,6 +35,11 @@ inline int64_t q4_blocks_per_row(int64_t cols) { return (cols + kQ4BlockValues -
 // Bytes of one row's nibbles: 16 per block.
 inline int64_t q4_row_bytes(int64_t cols) { return q4_blocks_per_row(cols) * (kQ4BlockValues / 2); }
 
+// A q4 safetensors file names its layout in its __metadata__, so files of an earlier layout are refused
+// rather than misread.
+inline constexpr const char* kQ4LayoutKey = "gemma4rt_q4_layout";
+inline constexpr const char* kQ4Layout = "superblocks-512";
+
 struct Q4NibbleAt {
   int64_t byte;  // from the start of the row
   bool high;     // the byte's high nibble

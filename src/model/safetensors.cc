@@ -34,6 +34,12 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(std:
   const nlohmann::json header = parse_json(std::string_view(header_begin, header_size), name + " (safetensors header)");
   if (!header.is_object()) fail("{}: safetensors header is not a JSON object", name);
 
+  metadata_ = std::make_unique<std::map<std::string, std::string>>();
+  if (header.contains("__metadata__") && header["__metadata__"].is_object()) {
+    for (const auto& [key, value] : header["__metadata__"].items()) {
+      if (value.is_string()) (*metadata_)[key] = value.get<std::string>();
+    }
+  }
   const std::byte* data_begin = bytes.data() + 8 + header_size;
   const uint64_t data_size = bytes.size() - 8 - header_size;
   struct Range {
@@ -88,6 +94,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(std:
     }
     tensor.size_bytes = end - begin;
     tensor.file = &file_->path();
+    tensor.metadata = metadata_.get();
     ranges.push_back({begin, end, key});
     tensors_.push_back(std::move(tensor));
   }

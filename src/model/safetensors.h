@@ -26,6 +26,7 @@ struct StoredTensor {
   const std::byte* data = nullptr;
   size_t size_bytes = 0;
   const std::filesystem::path* file = nullptr;
+  const std::map<std::string, std::string>* metadata = nullptr;  // the file's __metadata__ (string values)
 };
 
 class SafetensorsFile {
@@ -36,6 +37,7 @@ class SafetensorsFile {
 
  private:
   std::unique_ptr<MappedFile> file_;
+  std::unique_ptr<std::map<std::string, std::string>> metadata_;  // tensors point here: kept where it is on a move
   std::vector<StoredTensor> tensors_;
 };
 

@@ -59,8 +59,18 @@ class TensorResolver {
   }
 
   // A q4 tensor NAME is U8 [..., q4_row_bytes(last dim)] of nibbles with F16 block scales NAME_scale
-  // [..., ceil(last dim / 32)]; its view takes the config's (logical) shape.
+  // [..., ceil(last dim / 32)], in a file whose metadata names the layout; its view takes the config's
+  // (logical) shape.
   TensorView q4_view(const StoredTensor& stored, const std::vector<int64_t>& shape) {
+    const auto layout = stored.metadata != nullptr ? stored.metadata->find(kQ4LayoutKey) : std::map<std::string, std::string>::const_iterator{};
+    if (stored.metadata == nullptr || layout == stored.metadata->end() || layout->second != kQ4Layout) {
+      const std::string file = stored.file != nullptr ? stored.file->string() : "its file";
+      if (!old_q4_files_.insert(file).second) return {};  // reported once per file
+      problems_.push_back(fmt::format("q4 tensor {}: {} does not say it holds the q4 layout this gemma4rt reads (__metadata__ {} = {}); "
+                                      "it was written by an older gemma4rt quantize: quantize the original checkpoint again",
+                                      stored.name, file, kQ4LayoutKey, kQ4Layout));
+      return {};
+    }
     std::vector<int64_t> packed = shape;
     packed.back() = q4_row_bytes(shape.back());
     if (stored.shape != packed) {
@@ -92,6 +102,7 @@ class TensorResolver {
   std::string prefix_;
   std::vector<std::string> problems_;
   std::set<std::string> used_;
+  std::set<std::string> old_q4_files_;
 };
 
 // Where a tensor of the table (model/model_shapes.h) goes in ModelWeights.

@@ -96,6 +96,7 @@ int quantize(const QuantizeFlags& flags) {
   });
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"quantized_by", "gemma4rt quantize"}};
+  if (q4) header["__metadata__"][kQ4LayoutKey] = kQ4Layout;
   uint64_t offset = 0;
   for (const OutputTensor& tensor : tensors) {
     header[tensor.name] = {{"dtype", tensor.dtype}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + tensor.bytes}}};

@@ -285,6 +285,22 @@ TEST_P(QuantizeCommand, WrittenCheckpointMatchesQuantisingAtLoad) {
   EXPECT_EQ(scales["shape"][1], (columns + 31) / 32);
   EXPECT_EQ(image.header["lm_head.weight"]["dtype"], gate["dtype"]);
   EXPECT_EQ(image.header["model.language_model.embed_tokens.weight"]["dtype"], "BF16");
+  // q4 files name their layout; one that names another (an older gemma4rt's) is refused, not misread.
+  if (dtype == "q4") {
+    EXPECT_EQ(image.header["__metadata__"]["gemma4rt_q4_layout"], "superblocks-512");
+    const auto older = fresh_work_dir("quantized-26b-q4-older-layout");
+    std::filesystem::copy(out, older, std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+    std::string bytes = read_text_file(older / "model.safetensors");
+    const size_t at = bytes.find("superblocks-512");
+    ASSERT_NE(at, std::string::npos);
+    bytes.replace(at, 15, "nibble-groups64");  // same length: the header stays valid
+    write_text_file(older / "model.safetensors", bytes);
+    const std::string ids = join_ids(fixture["prompts"][0]["input_ids"].get<std::vector<int>>());
+    const CommandResult refused = run_gemma4rt({"run", "--model", older.string(), "--prompt-ids", ids, "--max-tokens", "4"});
+    EXPECT_NE(refused.exit_code, 0);
+    EXPECT_NE(refused.err.find("gemma4rt_q4_layout"), std::string::npos) << refused.err;
+    EXPECT_NE(refused.err.find("model.safetensors"), std::string::npos) << refused.err;
+  }
   // A quantised checkpoint is not quantised again.
   const CommandResult again = run_gemma4rt({"quantize", "--model", out.string(), "--out", out.string() + "-again", "--dtype", dtype, "--force"});
   EXPECT_NE(again.exit_code, 0);

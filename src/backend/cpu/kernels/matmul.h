@@ -10,9 +10,11 @@
 // vdpbf16ps path treats subnormal bf16 operands (below 1.2e-38) as zero.
 //
 // Every output element is computed by the same sequence of operations whichever row range it falls in,
-// so splitting rows across threads never changes results (bitwise). Decode (up to 8 tokens) streams
-// each weight row once for all tokens; prefill uses register tiles of tokens x rows over L2-sized
-// blocks of rows, without repacking the weights.
+// so splitting rows across threads never changes results (bitwise). Decode of one token streams each
+// weight row once; a step of 2-16 tokens (several sequences) uses register tiles of tokens x rows over
+// K chunks whose activations stay in L1; prefill uses larger tiles over L2-sized blocks of rows. q8 and
+// q4 products work in superblocks of 512 values (16 blocks side by side), so each block's integer dot
+// product ends in its own 32-bit lane and is scaled once.
 //
 // Paths, chosen at call time from active_isa():
 //   scalar       plain loops (the reference the SIMD paths are tested against)

@@ -6,9 +6,10 @@
 // Every kernel is a register-blocked tile of (tokens x weight rows) dot products over the full K,
 // each dot product accumulated in its own 16-lane fp32 register in k order and reduced by one fixed
 // addition tree (reduce4): an output's value never depends on which tile or row range it was in.
-// Decode (<= 8 tokens) streams one weight row at a time for all tokens, with software prefetch (K cut
-// into chunks when the tokens' activations outgrow L1); prefill walks L2-sized blocks of rows with
-// tiles of up to 6 tokens x 4 rows (vdpbf16ps: 24 accumulators, 10 loads per 24 multiply-adds).
+// Decode of one token streams one weight row at a time, with software prefetch (K cut into chunks when
+// the activations outgrow L1); 2-16 tokens take tiles of up to 8 tokens x 3 rows (run_batch); prefill
+// walks L2-sized blocks of rows with tiles of up to 6 tokens x 4 rows (vdpbf16ps: 24 accumulators, 10
+// loads per 24 multiply-adds).
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (GCC bug 105593) once they are inlined into these kernels.
@@ -360,10 +361,9 @@ void tile_for_tokens(int64_t token_count, const MatmulOperands& op, int64_t t0, 
   tile<P, MT, NR>(op, t0, r0, row_count, range);
 }
 
-// Up to this many tokens (decode, small batches) each weight row is read once for all tokens, by
-// single-row tiles: one sequential stream is what the hardware prefetchers follow best (interleaving
-// four rows measured a third slower on one Zen 4 core), and the work per weight byte is small.
-constexpr int kDecodeTokens = 8;
+// One token (the decode step of one sequence): each weight row is read by a single-row tile, one
+// sequential stream being what the hardware prefetchers follow best (interleaving four rows measured
+// a third slower on one Zen 4 core), and the work per weight byte is small.
 // When the activations every row reads are more than L1 holds (32 KiB) ...
 constexpr int64_t kDecodeActivationLimit = 32 * 1024;
 // ... K is cut into chunks whose activations take half of it, and blocks of this many rows take turns
@@ -384,12 +384,12 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   const int64_t chunk = decode_chunk<P>(op);
   if (chunk == op.cols) {
     const KRange whole{0, op.cols, nullptr, kPrefetchBytes};
-    for (int64_t r = row_begin; r < row_end; ++r) tile_for_tokens<P, kDecodeTokens, 1>(op.tokens, op, 0, r, 1, whole);
+    for (int64_t r = row_begin; r < row_end; ++r) tile<P, 1, 1>(op, 0, r, 1, whole);
     return;
   }
   // Long rows: the weights are read in segments of `chunk` values, row after row within a block, then
   // the next chunk. Each segment prefetches the one read after it, at the same offset.
-  alignas(64) __m512 carried[kDecodeBlockRows][kDecodeTokens];
+  alignas(64) __m512 carried[kDecodeBlockRows][2];  // a single-row tile's two accumulator chains
   const int64_t row_bytes = weight_bytes_of<P>(op.cols);
   for (int64_t block = row_begin; block < row_end; block += kDecodeBlockRows) {
     const int64_t block_rows = smaller(kDecodeBlockRows, row_end - block);
@@ -400,7 +400,7 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
         const int64_t next = i + 1 < block_rows ? here + row_bytes
                              : k1 < op.cols     ? block * row_bytes + weight_bytes_of<P>(k1)
                                                 : (block + block_rows) * row_bytes;
-        tile_for_tokens<P, kDecodeTokens, 1>(op.tokens, op, 0, block + i, 1, KRange{k0, k1, carried[i], next - here});
+        tile<P, 1, 1>(op, 0, block + i, 1, KRange{k0, k1, carried[i], next - here});
       }
     }
   }
