@@ -40,17 +40,29 @@ inline int64_t q4_row_bytes(int64_t cols) { return q4_blocks_per_row(cols) * (kQ
 inline constexpr const char* kQ4LayoutKey = "gemma4rt_q4_layout";
 inline constexpr const char* kQ4Layout = "superblocks-512";
 
+// Where value `column` of a row of `cols` values falls in the superblock layout q4 and the q8 kernels
+// share: its superblock, how many blocks (lanes) that superblock has, its block, its 4-value column
+// (0-7) and its place in that column.
+struct SuperblockSlot {
+  int64_t superblock, lanes, block, four, index;
+};
+inline SuperblockSlot superblock_slot(int64_t column, int64_t cols) {
+  constexpr int64_t kBlocks = kQ4SuperblockValues / kQ4BlockValues;
+  const int64_t superblock = column / kQ4SuperblockValues, in_superblock = column % kQ4SuperblockValues;
+  const int64_t blocks_here = (cols + kQ4BlockValues - 1) / kQ4BlockValues - superblock * kBlocks;
+  return {superblock, blocks_here < kBlocks ? blocks_here : kBlocks, in_superblock / kQ4BlockValues,
+          in_superblock % kQ4BlockValues / 4, in_superblock % 4};
+}
+
 struct Q4NibbleAt {
   int64_t byte;  // from the start of the row
   bool high;     // the byte's high nibble
 };
-// Where value `column` of a row of `cols` values is stored (the layout above).
+// Where value `column` of a row of `cols` values is stored (the layout above): two 4-value columns
+// share each byte.
 inline Q4NibbleAt q4_nibble_at(int64_t column, int64_t cols) {
-  const int64_t superblock = column / kQ4SuperblockValues, in_superblock = column % kQ4SuperblockValues;
-  const int64_t blocks_here = q4_blocks_per_row(cols) - superblock * (kQ4SuperblockValues / kQ4BlockValues);
-  const int64_t lanes = blocks_here < 16 ? blocks_here : 16;
-  const int64_t block = in_superblock / kQ4BlockValues, four = in_superblock % kQ4BlockValues / 4;
-  return {superblock * kQ4SuperblockBytes + 4 * lanes * (four / 2) + 4 * block + in_superblock % 4, four % 2 == 1};
+  const SuperblockSlot slot = superblock_slot(column, cols);
+  return {slot.superblock * kQ4SuperblockBytes + 4 * slot.lanes * (slot.four / 2) + 4 * slot.block + slot.index, slot.four % 2 == 1};
 }
 
 // Bytes of a [rows, cols] matrix in `format` (q8 and q4: the values and their block scales).

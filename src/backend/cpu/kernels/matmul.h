@@ -41,10 +41,8 @@ namespace gemma4rt::kernels {
 // block in its own 32-bit lane and scale once per superblock, as for q4.
 inline int64_t q8_packed_row_bytes(int64_t cols) { return q8_blocks_per_row(cols) * kQ8BlockValues; }
 inline int64_t q8_packed_offset(int64_t column, int64_t cols) {
-  const int64_t superblock = column / 512, in_superblock = column % 512;
-  const int64_t blocks_here = q8_blocks_per_row(cols) - superblock * 16;
-  const int64_t lanes = blocks_here < 16 ? blocks_here : 16;
-  return superblock * 512 + 4 * lanes * (in_superblock % 32 / 4) + 4 * (in_superblock / 32) + in_superblock % 4;
+  const SuperblockSlot slot = superblock_slot(column, cols);
+  return slot.superblock * kQ4SuperblockValues + 4 * slot.lanes * slot.four + 4 * slot.block + slot.index;
 }
 // Packs a [rows][cols] row-major int8 matrix (values in [-127, 127]) into [rows][q8_packed_row_bytes].
 void pack_q8(const int8_t* values, int64_t rows, int64_t cols, uint8_t* packed);
