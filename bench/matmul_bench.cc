@@ -11,6 +11,9 @@
 //                              were the whole step.
 //   Prefill/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
 //                              compute-bound; GFLOP/s counts 2 * tokens * rows * cols.
+//   Warm/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
+//                              the same products on one small weight that stays in L2 between calls:
+//                              the compute side of a step of T sequences, GFLOP/s against the peak.
 //   Prepare/<fmt>/...          the once-per-matmul activation conversion.
 // Threads: the calling thread plus persistent std::threads, each taking an equal share of the rows
 // (a multiple of 16 rows), as the engine's pool does.
@@ -327,6 +330,8 @@ void add_matmul(const char* kind, const MatmulCase& c) {
 
 // Full-size E2B shapes: [rows = out features] x [cols = in features].
 const Shape kDecodeShapes[] = {{12288, 1536}, {262144, 1536}, {2048, 1536}, {6144, 1536}, {1536, 6144}, {1536, 12288}};
+// Weights that stay in L2 (about 600 KiB in q8), so a batch's products show their compute cost alone.
+const Shape kWarmShapes[] = {{384, 1536}, {96, 6144}};
 const Shape kPrefillShapes[] = {{6144, 1536}, {1536, 6144}, {2048, 1536}, {1536, 2048}, {12288, 1536}};
 
 const bool kRegistered = [] {
@@ -352,6 +357,11 @@ const bool kRegistered = [] {
         if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
         if (format != WeightFormat::kF32 && isa == detected_isa()) continue;
         add_matmul("Decode", {format, isa, 12288, 1536, 1, threads, true});
+      }
+    }
+    for (const Shape& shape : kWarmShapes) {
+      for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
+        for (int64_t tokens : {1, 4, 8, 16}) add_matmul("Warm", {format, detected_isa(), shape.rows, shape.cols, tokens, threads, false});
       }
     }
     for (const Shape& shape : kPrefillShapes) {

@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "engine/transformer.h"
 #include "model/weights.h"
+#include "tools/alternating_blocks.h"
 #include "tools/commands.h"
 #include "tools/engine_flags.h"
 #include "tools/structured_output_bench.h"
@@ -32,6 +33,7 @@ struct BenchFlags {
   bool json = false;
   bool json_object = false;  // also time structured output: any JSON object
   std::string json_schema;   // ... or a JSON Schema file
+  int sequences = 1;         // > 1: also decode steps of this many sequences at once
   EngineFlags engine;
 };
 
@@ -96,6 +98,32 @@ DecodeFigures time_decode(Transformer& transformer, int position, int count) {
   return figures;
 }
 
+// Steps of `sequences` sequences (one row each, sequences 1..N, so every weight is read once for all)
+// alternate with single-sequence steps (sequence 0) in blocks over the same stretch of time.
+struct BatchedFigures {
+  double tokens_per_second = 0.0;         // aggregate over the sequences
+  double single_tokens_per_second = 0.0;  // the interleaved single-sequence steps
+};
+
+BatchedFigures time_batched_decode(Transformer& transformer, int sequences, int steps) {
+  std::vector<int32_t> tokens = bench_tokens(steps * (sequences + 1), transformer.config().vocab_size, 11);
+  std::vector<BatchRow> rows(sequences);
+  std::vector<int> logit_rows(sequences);
+  std::vector<int32_t> ids(sequences);
+  for (int s = 0; s < sequences; ++s) logit_rows[s] = s;
+  auto batched_step = [&](int position) {
+    for (int s = 0; s < sequences; ++s) rows[s] = {s + 1, position, tokens[(position * (sequences + 1) + s + 1) % tokens.size()]};
+    transformer.forward_greedy(rows, logit_rows, ids.data());
+  };
+  auto single_step = [&](int position) {
+    transformer.forward_greedy(std::span<const int32_t>(&tokens[position * (sequences + 1) % tokens.size()], 1), position, 0);
+  };
+  batched_step(0);  // warm-up, not timed
+  single_step(0);
+  const AlternatingSeconds seconds = time_alternating_blocks(1, steps, batched_step, single_step);
+  return {static_cast<double>(steps - 1) * sequences / seconds.first, (steps - 1) / seconds.second};
+}
+
 int bench(const BenchFlags& flags) {
   if (flags.prompt_tokens < 1 || flags.decode_tokens < 2) fail("-p must be at least 1 and -n at least 2");
   const auto load_start = Clock::now();
@@ -106,6 +134,10 @@ int bench(const BenchFlags& flags) {
   const bool prints = !communicator || communicator->rank() == 0;
   options.context_tokens = std::max(flags.prompt_tokens, flags.depth) + flags.decode_tokens + 1;
   options.max_chunk_tokens = std::min(flags.prompt_tokens, 512);
+  if (flags.sequences > 1) {
+    options.sequences = flags.sequences + 1;  // sequence 0 for the single-sequence steps
+    options.max_chunk_tokens = std::max(options.max_chunk_tokens, flags.sequences);
+  }
   fmt::print(stderr, "bench: preparing {} ({} layers) ...\n", flags.model_dir, config.num_layers);
   Transformer transformer(*model, options);
   const double load_seconds = seconds_since(load_start);
@@ -146,6 +178,13 @@ int bench(const BenchFlags& flags) {
     transformer.forward_greedy(fill, 0);
     fmt::print(stderr, "bench: decoding {} tokens at depth {} ...\n", flags.decode_tokens, flags.depth);
     at_depth = time_decode(transformer, flags.depth, flags.decode_tokens);
+  }
+
+  std::optional<BatchedFigures> batched;
+  if (flags.sequences > 1) {
+    fmt::print(stderr, "bench: decoding {} steps of {} sequences, alternating with single-sequence steps ...\n", flags.decode_tokens,
+               flags.sequences);
+    batched = time_batched_decode(transformer, flags.sequences, flags.decode_tokens);
   }
 
   std::optional<nlohmann::json> structured;
@@ -196,6 +235,12 @@ int bench(const BenchFlags& flags) {
       {"communication_ms_per_decode_token", decode_communication_ms},
   };
   if (structured) result["structured_output"] = *structured;
+  if (batched) {
+    result["batched"] = {{"sequences", flags.sequences},
+                         {"tokens_per_s", batched->tokens_per_second},
+                         {"single_tokens_per_s", batched->single_tokens_per_second},
+                         {"speedup", batched->tokens_per_second / batched->single_tokens_per_second}};
+  }
   if (!prints) return 0;
   if (flags.json) {
     fmt::print("{}\n", result.dump(2));
@@ -217,6 +262,11 @@ int bench(const BenchFlags& flags) {
   if (flags.depth > 0) {
     fmt::print("{}| tg{} @ d{} | {:.2f} | {:.2f}x of depth 0 |\n", head, flags.decode_tokens, flags.depth, at_depth.tokens_per_second,
                result["decode_depth_ratio"].get<double>());
+  }
+  if (batched) {
+    fmt::print("{}| tg{} x{} | {:.2f} | {:.2f}x the {:.2f} tok/s of one sequence in steps alternating with these |\n", head,
+               flags.decode_tokens, flags.sequences, batched->tokens_per_second,
+               batched->tokens_per_second / batched->single_tokens_per_second, batched->single_tokens_per_second);
   }
   if (structured) {
     const nlohmann::json& s = *structured;
@@ -246,6 +296,9 @@ Action add_bench_command(CLI::App& app) {
   auto* schema = command->add_option("--json-schema", flags->json_schema, "Also decode under this JSON Schema file and time the token masks")
                      ->check(CLI::ExistingFile);
   command->add_flag("--json-object", flags->json_object, "Also decode under json_object mode and time the token masks")->excludes(schema);
+  command->add_option("--sequences", flags->sequences,
+                      "Also decode steps of this many sequences at once (a server's batch), alternating with single-sequence steps")
+      ->check(CLI::Range(1, 256));
   flags->engine.add_to(*command);
   return [flags] { return bench(*flags); };
 }

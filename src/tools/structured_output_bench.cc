@@ -7,6 +7,7 @@
 #include "constrain/matcher.h"
 #include "constrain/token_table.h"
 #include "engine/sampler.h"
+#include "tools/alternating_blocks.h"
 
 namespace gemma4rt::tools {
 namespace {
@@ -71,25 +72,15 @@ class ConstrainedStream {
 };
 
 // Greedy decoding free (argmax on the device) and constrained (logits, mask, argmax) in alternating
-// blocks of 8 steps over the same positions, so a drift of the machine's bandwidth during the run
-// (this VM's moves by half within minutes) falls on both rates alike. Returns the free ms per token.
+// blocks over the same positions. Returns the free ms per token.
 double interleaved_greedy_rates(Transformer& transformer, ConstrainedStream& constrained, int tokens) {
-  constexpr int kBlock = 8;
   int32_t free_token = 2;  // <bos>
-  double free_ms = 0.0, constrained_ms = 0.0;
-  for (int begin = 0; begin < tokens; begin += kBlock) {
-    const int end = std::min(tokens, begin + kBlock);
-    auto start = Clock::now();
-    for (int position = begin; position < end; ++position) {
-      free_token = transformer.forward_greedy(std::span<const int32_t>(&free_token, 1), position);
-    }
-    free_ms += ms_since(start);
-    start = Clock::now();
-    for (int position = begin; position < end; ++position) constrained.step(transformer, position);
-    constrained_ms += ms_since(start);
-  }
-  constrained.run.ms_per_token = constrained_ms / tokens;
-  return free_ms / tokens;
+  const AlternatingSeconds seconds = time_alternating_blocks(
+      0, tokens,
+      [&](int position) { free_token = transformer.forward_greedy(std::span<const int32_t>(&free_token, 1), position); },
+      [&](int position) { constrained.step(transformer, position); });
+  constrained.run.ms_per_token = seconds.second * 1000.0 / tokens;
+  return seconds.first * 1000.0 / tokens;
 }
 
 nlohmann::json summary(std::vector<double> values) {

@@ -130,7 +130,9 @@ TEST(VulkanBackend, DeviceChoiceAndRefusals) {
   ASSERT_FALSE(devices.empty());
   for (const auto& device : devices) {
     EXPECT_TRUE(device["push_descriptor"].get<bool>()) << device.dump();
-    if (device["type"] == "cpu") EXPECT_FALSE(device["default"].get<bool>()) << device.dump();
+    if (device["type"] == "cpu") {
+      EXPECT_FALSE(device["default"].get<bool>()) << device.dump();
+    }
   }
   const std::string model = (kModels / "tiny-e2b").string();
   const CommandResult missing = run_gemma4rt({"run", "--model", model, "--backend", "vulkan", "--device", "99", "--prompt-ids", "2", "--max-tokens", "1"});
@@ -229,6 +231,21 @@ TEST(RunCommand, SamplingIsReproducibleWithASeed) {
   const nlohmann::json second = run_json(arguments);
   EXPECT_EQ(first["tokens"], second["tokens"]);
   EXPECT_EQ(first["tokens"].size(), 12u);
+}
+
+// bench --sequences runs steps of several sequences beside single-sequence ones and reports both.
+TEST(BenchCommand, StepsOfSeveralSequences) {
+  const CommandResult bench = run_gemma4rt(
+      {"bench", "--model", (kModels / "tiny-e2b").string(), "-p", "4", "-n", "9", "--sequences", "5", "--json", "--threads", "1"});
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  const nlohmann::json batched = nlohmann::json::parse(bench.out).at("batched");
+  EXPECT_EQ(batched["sequences"], 5);
+  EXPECT_GT(batched["tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(batched["single_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(batched["speedup"].get<double>(), batched["tokens_per_s"].get<double>() / batched["single_tokens_per_s"].get<double>());
+  const CommandResult refused = run_gemma4rt({"bench", "--model", (kModels / "tiny-e2b").string(), "--sequences", "0"});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("--sequences"), std::string::npos) << refused.err;
 }
 
 TEST(TokenizeCommand, EncodesAndDecodes) {

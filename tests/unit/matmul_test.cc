@@ -267,9 +267,10 @@ TEST(Matmul, RowSplitsGiveBitwiseIdenticalResults) {
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
     for (WeightFormat format : kFormats) {
-      // cols 161: every row at once; cols 4133 with 5 or 8 tokens: long rows cut into K chunks.
+      // cols 161: every row at once; cols 4133: long rows cut into K chunks (f32 and bf16 from 5 tokens,
+      // q8 and q4, whose chunks are longer, at 16).
       for (const auto& [tokens, cols] : {std::pair<int64_t, int64_t>{1, 161}, {5, 161}, {8, 161}, {13, 161},
-                                        {5, 4133}, {8, 4133}}) {
+                                        {5, 4133}, {8, 4133}, {16, 4133}}) {
         SCOPED_TRACE(testing::Message() << isa_name(level) << " " << format_name(format) << " tokens " << tokens
                                         << " cols " << cols);
         const int64_t rows = 203;

@@ -1,5 +1,6 @@
 // Sampler: greedy is argmax with the lowest id on ties; sampling respects top-k / top-p / min-p and is
 // reproducible for a seed.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -30,6 +31,33 @@ TEST(Sampler, TopPKeepsOnlyTheNucleus) {
   std::set<int> seen;
   for (int i = 0; i < 400; ++i) seen.insert(sampler.sample(logits));
   EXPECT_EQ(seen, (std::set<int>{0, 1}));
+}
+
+TEST(Sampler, TopPNucleusLongerThanOneSortedPrefix) {
+  // 1,000 equal logits: top_p 0.5 keeps exactly the 500 lowest ids (ties go to the lower id), more
+  // than the first prefix the sampler sorts.
+  const std::vector<float> logits(1000, 0.25f);
+  Sampler sampler({.temperature = 0.7f, .top_p = 0.5f, .seed = 17});
+  int lowest = 1000, highest = -1;
+  for (int i = 0; i < 5000; ++i) {
+    const int token = sampler.sample(logits);
+    lowest = std::min(lowest, token);
+    highest = std::max(highest, token);
+  }
+  EXPECT_EQ(lowest, 0);
+  EXPECT_EQ(highest, 499);
+}
+
+TEST(Sampler, TopKRenormalisesTheKeptTokens) {
+  // top_k 2 keeps ids 3 and 1 (p = 0.75 : 0.25 between them) out of five.
+  const std::vector<float> logits = {-1.0f, 1.0f, -0.5f, 1.0f + std::log(3.0f), 0.0f};
+  Sampler sampler({.temperature = 1.0f, .top_k = 2, .seed = 99});
+  std::map<int, int> counts;
+  const int draws = 20000;
+  for (int i = 0; i < draws; ++i) ++counts[sampler.sample(logits)];
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_NEAR(static_cast<double>(counts[3]) / draws, 0.75, 0.02);
+  EXPECT_NEAR(static_cast<double>(counts[1]) / draws, 0.25, 0.02);
 }
 
 TEST(Sampler, MinPDropsUnlikelyTokens) {

@@ -294,7 +294,7 @@ TEST_F(VulkanOps, AttentionMatchesReference) {
         const bool derived = c.k_eq_v && !explicit_keys;
         const size_t cache_bytes = static_cast<size_t>(2) * c.capacity * kv_row * kv_element_bytes(stored);
         const Buffer values = device.allocate(cache_bytes), keys = derived ? Buffer{} : device.allocate(cache_bytes);
-        backend::AttentionShape shape{c.head_dim, query_heads, c.kv_heads, 0, 0, c.group, c.capacity, c.window, stored};
+        backend::AttentionShape shape{c.head_dim, query_heads, c.kv_heads, 0, 0, c.group, c.capacity, c.window, stored, {}};
         if (derived) shape.derived_keys = {device.upload_constant(key_norm), device.upload_constant(rope.rotations(kPositions)), rope.rotated_pairs()};
         std::vector<float> outputs;
         uint32_t seed = 100;

@@ -34,8 +34,13 @@ void CpuBackend::store_weight(int32_t id, const TensorView& view, WeightFormat f
 
 void CpuBackend::multiply(const float* x, int rows, int32_t id, float* y) {
   const kernels::WeightMatrix& matrix = weights_[static_cast<size_t>(id)].matrix;
-  prepared_.prepare(x, rows, matrix.cols, matrix.format);
   const int64_t out = matrix.rows;
+  if (rows > 1 && out * matrix.cols * rows >= kMinParallelMultiplyAdds) {  // a step of several sequences, or prefill
+    prepared_.reshape(rows, matrix.cols, matrix.format);
+    pool().parallel_for(rows, 1, [&](int64_t first, int64_t last) { prepared_.convert(x, first, last); });
+  } else {
+    prepared_.prepare(x, rows, matrix.cols, matrix.format);
+  }
   if (out * matrix.cols * rows < kMinParallelMultiplyAdds) {
     kernels::matmul(prepared_, matrix, y, out, 0, out);
     return;

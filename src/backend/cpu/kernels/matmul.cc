@@ -228,13 +228,26 @@ void PreparedActivations::reserve(std::unique_ptr<T, FreeDeleter>& buffer, size_
   capacity = bytes;
 }
 
+namespace {
+// q8 and q4 weights take int8 activations (in superblocks); f32 and bf16 their own format.
+bool takes_int8(WeightFormat format) { return format == WeightFormat::kQ8 || format == WeightFormat::kQ4; }
+size_t activation_bytes(WeightFormat format) {
+  return format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
+}
+}  // namespace
+
 void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, WeightFormat format) {
+  reshape(tokens, cols, format);
+  convert(x, 0, tokens);
+}
+
+void PreparedActivations::reshape(int64_t tokens, int64_t cols, WeightFormat format) {
   if (tokens < 0 || cols < 0) fail("matmul activations with negative shape [{}, {}]", tokens, cols);
-  const bool quantized = format == WeightFormat::kQ8 || format == WeightFormat::kQ4;
+  const bool quantized = takes_int8(format);
   // q8 and q4 kernels read whole superblocks of activations.
   const int64_t padding = quantized ? kQ4SuperblockValues : kActivationPadding;
   const int64_t stride = (cols + padding - 1) / padding * padding;
-  const size_t element_bytes = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
+  const size_t element_bytes = activation_bytes(format);
   const size_t elements = static_cast<size_t>(tokens) * stride;
   reserve(values_, values_capacity_, elements * element_bytes);
   const int64_t scale_stride = stride / kQ8BlockValues;
@@ -246,9 +259,19 @@ void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, 
   cols_ = cols;
   stride_ = stride;
   format_ = format;
+}
 
+void PreparedActivations::convert(const float* x, int64_t token_begin, int64_t token_end) {
+  if (token_begin < 0 || token_end > tokens_ || token_begin > token_end) {
+    fail("matmul activations: tokens [{}, {}) outside the {} prepared", token_begin, token_end, tokens_);
+  }
+  const WeightFormat format = format_;
+  const int64_t cols = cols_, stride = stride_;
+  const bool quantized = takes_int8(format);
+  const size_t element_bytes = activation_bytes(format);
+  const int64_t scale_stride = stride / kQ8BlockValues;
   const size_t padding_bytes = static_cast<size_t>(stride - cols) * element_bytes;
-  for (int64_t t = 0; t < tokens; ++t) {
+  for (int64_t t = token_begin; t < token_end; ++t) {
     const float* source = x + t * cols;
     std::byte* row = values_.get() + static_cast<size_t>(t) * stride * element_bytes;
     switch (format) {
@@ -273,11 +296,10 @@ void PreparedActivations::prepare(const float* x, int64_t tokens, int64_t cols, 
       std::byte* superblock = superblocks_.get() + (t * stride + start) / 4 * 5;
       for (int lane = 0; lane < 16; ++lane) {
         const int8_t* block = values + start + kQ8BlockValues * lane;
+        // Values 4c .. 4c + 3 of the block go to bytes 64c + 4 lane .. + 3: whole 4-byte words.
+        for (int c = 0; c < kQ8BlockValues / 4; ++c) std::memcpy(superblock + 64 * c + 4 * lane, block + 4 * c, 4);
         int32_t sum = 0;
-        for (int k = 0; k < kQ8BlockValues; ++k) {
-          superblock[64 * (k / 4) + 4 * lane + k % 4] = static_cast<std::byte>(block[k]);
-          sum += block[k];
-        }
+        for (int k = 0; k < kQ8BlockValues; ++k) sum += block[k];
         const int32_t correction = -offset * sum;
         std::memcpy(superblock + 512 + 4 * lane, &scales[start / kQ8BlockValues + lane], 4);
         std::memcpy(superblock + 576 + 4 * lane, &correction, 4);

@@ -84,6 +84,10 @@ class PreparedActivations {
 
   // x is [tokens][cols] row-major floats; it is copied, so it may be overwritten afterwards.
   void prepare(const float* x, int64_t tokens, int64_t cols, WeightFormat format);
+  // The same in two steps, so threads can convert tokens side by side: reshape sizes the buffers, then
+  // convert(x, begin, end) converts tokens [begin, end) of the whole [tokens][cols] input x.
+  void reshape(int64_t tokens, int64_t cols, WeightFormat format);
+  void convert(const float* x, int64_t token_begin, int64_t token_end);
 
   int64_t tokens() const { return tokens_; }
   int64_t cols() const { return cols_; }
@@ -142,6 +146,7 @@ struct MatmulOperands {
   int64_t cols;
   float* y;
   int64_t y_stride;
+  int64_t y_first_row = 0;      // the weight row whose output is y[0] (a kernel may stage outputs in its own buffer)
 };
 
 void matmul_f32_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);

@@ -266,12 +266,12 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count) {
       alignas(16) float sums[4];
       _mm_store_ps(sums, reduce4(acc[t][0], t + 1 < MT ? acc[t + 1][0] : zero, t + 2 < MT ? acc[t + 2][0] : zero,
                                  t + 3 < MT ? acc[t + 3][0] : zero));
-      for (int i = 0; i < 4 && t + i < MT; ++i) op.y[(t0 + t + i) * op.y_stride + r0] = sums[i];
+      for (int i = 0; i < 4 && t + i < MT; ++i) op.y[(t0 + t + i) * op.y_stride + r0 - op.y_first_row] = sums[i];
     }
   } else {  // four rows of one token at a time
 #pragma GCC unroll 8
     for (int t = 0; t < MT; ++t) {
-      float* out = op.y + (t0 + t) * op.y_stride + r0;
+      float* out = op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row;
 #pragma GCC unroll 4
       for (int g = 0; g < NR; g += 4) {
         const __m128 sums = reduce4(acc[t][g], g + 1 < NR ? acc[t][g + 1] : zero, g + 2 < NR ? acc[t][g + 2] : zero,

@@ -7,9 +7,9 @@
 // each dot product accumulated in its own 16-lane fp32 register in k order and reduced by one fixed
 // addition tree (reduce4): an output's value never depends on which tile or row range it was in.
 // Decode of one token streams one weight row at a time, with software prefetch (K cut into chunks when
-// the activations outgrow L1); 2-16 tokens take tiles of up to 8 tokens x 3 rows (run_batch); prefill
-// walks L2-sized blocks of rows with tiles of up to 6 tokens x 4 rows (vdpbf16ps: 24 accumulators, 10
-// loads per 24 multiply-adds).
+// the activations outgrow L1); 2-16 tokens take tiles of up to 8 tokens x 3 rows (run_batch; q8 and q4:
+// 4 tokens x 3 rows of superblocks, superblock_tile); prefill walks L2-sized blocks of rows with tiles
+// of up to 6 tokens x 4 rows (vdpbf16ps: 24 accumulators, 10 loads per 24 multiply-adds).
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (GCC bug 105593) once they are inlined into these kernels.
@@ -50,6 +50,10 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
 // line (q8) limits how far ahead out-of-order execution reaches; measured on Zen 4 with two threads,
 // it takes q8 GEMV from about 80% to over 90% of the read-bandwidth probe.
 constexpr int64_t kPrefetchBytes = 3072;
+// q4 streams twice the values per byte of q8 and four times bf16's, so its lines are consumed sooner:
+// with the probe at 49-61 GB/s, 3 KiB ahead held E2B q4 decode to 63-74% of the roofline and 6 KiB
+// ahead reached 96% (bf16 fell from 90-93% to 81-83% at 6 KiB, q8 did not change).
+constexpr int64_t kQ4PrefetchBytes = 6144;
 
 inline void prefetch_line(const void* address, int64_t offset) {
   _mm_prefetch(static_cast<const char*>(address) + offset, _MM_HINT_T1);
@@ -138,32 +142,56 @@ struct Bf16Widen {
 // register, started from each lane's prepared -128 * sum(x) or -8 * sum(x), give every block's exact
 // sum(w * x) in its own lane, which is converted and scaled by w_scale * x_scale once per superblock.
 // A token's operands for a superblock are 640 contiguous prepared bytes, so one pointer per token
-// suffices.
+// suffices. The policies (Q8Vnni, Q4Vnni) say how a row's codes and scales load: load_codes gives
+// vectors 2v and 2v + 1 of a superblock of `blocks` blocks (16, or fewer in a row's last one, whose
+// vectors are 4 * blocks bytes apart; missing lanes load as code 0 with scale 0, against zero
+// activations), load_scales its blocks' scales.
 struct SuperblockVnni {
   static_assert(kQ8BlockValues == 32 && kQ4BlockValues == 32 && kQ4SuperblockValues == 512, "a step is 16 blocks");
-  static constexpr int kStep = 512, kTokens = 8, kRows = 1, kBatchTokens = 4, kBatchRows = 2;
+  static constexpr int kStep = 512, kTokens = 4, kRows = 3, kBatchTokens = 4, kBatchRows = 3;
   static constexpr int64_t kActivationBits = 10;  // 640 prepared bytes per 512 values
   struct Token { const std::byte* superblocks; };
+  struct Codes { __m512i low, high; };
   struct WVec { __m512i codes[8]; __m512 scales; };
   using XVec = const std::byte*;
   static Token token(const MatmulOperands& op, int64_t t) { return {op.x_superblocks + t * op.x_stride / 4 * 5}; }
   static XVec load_x(const Token& token, int64_t k) { return token.superblocks + k / 4 * 5; }
+  // Offsets in a token's 640 bytes: the int8 vectors, the 16 block scales, the 16 corrections.
+  static constexpr int kScalesAt = 512, kCorrectionsAt = 576;
   // Four integer chains of two vpdpbusd each, not one of eight: a single token's superblock is then not
   // held up by the instruction's latency (integer sums, so the result is the same).
   static __m512i dot_products(XVec x, const WVec& w) {
     __m512i part[4];
-    part[0] = _mm512_dpbusd_epi32(_mm512_load_si512(x + 576), w.codes[0], _mm512_load_si512(x));
+    part[0] = _mm512_dpbusd_epi32(_mm512_load_si512(x + kCorrectionsAt), w.codes[0], _mm512_load_si512(x));
 #pragma GCC unroll 4
     for (int s = 1; s < 4; ++s) part[s] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.codes[s], _mm512_load_si512(x + 64 * s));
 #pragma GCC unroll 4
     for (int s = 4; s < 8; ++s) part[s - 4] = _mm512_dpbusd_epi32(part[s - 4], w.codes[s], _mm512_load_si512(x + 64 * s));
     return _mm512_add_epi32(_mm512_add_epi32(part[0], part[1]), _mm512_add_epi32(part[2], part[3]));
   }
-  static __m512 madd(__m512 acc, XVec x, const WVec& w) {
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_products(x, w)),
-                           _mm512_mul_ps(w.scales, _mm512_load_ps(reinterpret_cast<const float*>(x + 512))), acc);
+  // acc + (each block's integer dot product) * w_scale * x_scale: the one float step per superblock.
+  static __m512 scale_add(__m512 acc, __m512i dots, __m512 w_scales, XVec x) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
+                           _mm512_mul_ps(w_scales, _mm512_load_ps(reinterpret_cast<const float*>(x + kScalesAt))), acc);
   }
+  static __m512 madd(__m512 acc, XVec x, const WVec& w) { return scale_add(acc, dot_products(x, w), w.scales, x); }
 };
+
+// A superblock's eight code vectors and scales for the single-row tile.
+template <class P>
+typename P::WVec superblock_weights(const typename P::Row& row, int64_t k, int blocks) {
+  typename P::WVec w;
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    const typename P::Codes codes = P::load_codes(row, k, v, blocks);
+    w.codes[2 * v] = codes.low;
+    w.codes[2 * v + 1] = codes.high;
+  }
+  w.scales = P::load_scales(row, k, blocks);
+  return w;
+}
+
+inline int tail_blocks(int64_t count) { return static_cast<int>((count + kQ4BlockValues - 1) / kQ4BlockValues); }
 
 struct Q8Vnni : SuperblockVnni {
   static constexpr int64_t kWeightBits = 8;
@@ -174,22 +202,19 @@ struct Q8Vnni : SuperblockVnni {
   static void prefetch(const Row& row, int64_t k, int64_t offset) {
     for (int line = 0; line < 8; ++line) prefetch_line(row.codes + k + offset, 64 * line);
   }
-  static WVec load_w(const Row& row, int64_t k) {
-    WVec w;
-#pragma GCC unroll 8
-    for (int s = 0; s < 8; ++s) w.codes[s] = _mm512_loadu_si512(row.codes + k + 64 * s);
-    w.scales = _mm512_loadu_ps(row.scales + k / kQ8BlockValues);
-    return w;
+  static Codes load_codes(const Row& row, int64_t k, int v, int blocks) {
+    if (blocks == 16) return {_mm512_loadu_si512(row.codes + k + 128 * v), _mm512_loadu_si512(row.codes + k + 128 * v + 64)};
+    const __mmask64 lanes = mask64(4 * blocks);
+    return {_mm512_maskz_loadu_epi8(lanes, row.codes + k + 8 * blocks * v),
+            _mm512_maskz_loadu_epi8(lanes, row.codes + k + 8 * blocks * v + 4 * blocks)};
   }
-  // A row's last superblock of `blocks` < 16: its vectors are 4 * blocks bytes apart; missing lanes
-  // load as code 0 with scale 0, against zero activations.
+  static __m512 load_scales(const Row& row, int64_t k, int blocks) {
+    const float* scales = row.scales + k / kQ8BlockValues;
+    return blocks == 16 ? _mm512_loadu_ps(scales) : _mm512_maskz_loadu_ps(mask16(blocks), scales);
+  }
+  static WVec load_w(const Row& row, int64_t k) { return superblock_weights<Q8Vnni>(row, k, 16); }
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    const int blocks = static_cast<int>((count + kQ8BlockValues - 1) / kQ8BlockValues);
-    WVec w;
-#pragma GCC unroll 8
-    for (int s = 0; s < 8; ++s) w.codes[s] = _mm512_maskz_loadu_epi8(mask64(4 * blocks), row.codes + k + 4 * blocks * s);
-    w.scales = _mm512_maskz_loadu_ps(mask16(blocks), row.scales + k / kQ8BlockValues);
-    return w;
+    return superblock_weights<Q8Vnni>(row, k, tail_blocks(count));
   }
 };
 
@@ -203,27 +228,20 @@ struct Q4Vnni : SuperblockVnni {
   static void prefetch(const Row& row, int64_t k, int64_t offset) {
     for (int line = 0; line < 4; ++line) prefetch_line(row.nibbles + k / 2 + offset, 64 * line);
   }
-  // A whole superblock (blocks = 16, vectors 64 bytes apart) or a row's last one of fewer blocks
-  // (vectors 4 * blocks bytes apart; the missing lanes load as code 0 with scale 0, against zero
-  // activations).
-  static WVec load_blocks(const Row& row, int64_t k, int blocks) {
-    WVec w;
+  static Codes load_codes(const Row& row, int64_t k, int v, int blocks) {
+    const __m512i packed = blocks == 16 ? _mm512_loadu_si512(row.nibbles + k / 2 + 64 * v)
+                                        : _mm512_maskz_loadu_epi8(mask64(4 * blocks), row.nibbles + k / 2 + 4 * blocks * v);
     const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      const __m512i packed = blocks == 16 ? _mm512_loadu_si512(row.nibbles + k / 2 + 64 * v)
-                                          : _mm512_maskz_loadu_epi8(mask64(4 * blocks), row.nibbles + k / 2 + 4 * blocks * v);
-      w.codes[2 * v] = _mm512_and_si512(packed, low_nibbles);
-      w.codes[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
-    }
-    const auto* scales = row.scales + k / kQ4BlockValues;
-    w.scales = _mm512_cvtph_ps(blocks == 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales))
-                                            : _mm256_maskz_loadu_epi16(mask16(blocks), scales));
-    return w;
+    return {_mm512_and_si512(packed, low_nibbles), _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles)};
   }
-  static WVec load_w(const Row& row, int64_t k) { return load_blocks(row, k, 16); }
+  static __m512 load_scales(const Row& row, int64_t k, int blocks) {
+    const uint16_t* scales = row.scales + k / kQ4BlockValues;
+    return _mm512_cvtph_ps(blocks == 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales))
+                                        : _mm256_maskz_loadu_epi16(mask16(blocks), scales));
+  }
+  static WVec load_w(const Row& row, int64_t k) { return superblock_weights<Q4Vnni>(row, k, 16); }
   static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    return load_blocks(row, k, static_cast<int>((count + kQ4BlockValues - 1) / kQ4BlockValues));
+    return superblock_weights<Q4Vnni>(row, k, tail_blocks(count));
   }
 };
 
@@ -243,14 +261,21 @@ struct KRange {
 
 // Tokens [t0, t0 + MT) x rows [r0, r0 + row_count), row_count <= NR, over K range `range`. Missing rows
 // repeat the last valid one (read again from cache) and are not stored.
+// A tile's operand pointers: rows past row_count repeat the last valid one.
+template <class P, int MT, int NR>
+inline void tile_operands(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, typename P::Row (&rows)[NR],
+                          typename P::Token (&tokens)[MT]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < NR; ++i) rows[i] = P::row(op, r0 + (i < row_count ? i : row_count - 1));
+#pragma GCC unroll 8
+  for (int t = 0; t < MT; ++t) tokens[t] = P::token(op, t0 + t);
+}
+
 template <class P, int MT, int NR>
 void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, const KRange& range) {
   typename P::Row rows[NR];
-#pragma GCC unroll 8
-  for (int i = 0; i < NR; ++i) rows[i] = P::row(op, r0 + (i < row_count ? i : row_count - 1));
   typename P::Token tokens[MT];
-#pragma GCC unroll 8
-  for (int t = 0; t < MT; ++t) tokens[t] = P::token(op, t0 + t);
+  tile_operands<P, MT, NR>(op, t0, r0, row_count, rows, tokens);
 
   // Small tiles (decode of one or two tokens) alternate two accumulator sets over the k steps, so the
   // chain of dependent multiply-adds never limits how fast a stalled weight stream can catch up.
@@ -331,12 +356,12 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
       alignas(16) float sums[4];
       _mm_store_ps(sums, reduce4(acc[0][t][0], t + 1 < MT ? acc[0][t + 1][0] : zero, t + 2 < MT ? acc[0][t + 2][0] : zero,
                                  t + 3 < MT ? acc[0][t + 3][0] : zero));
-      for (int i = 0; i < 4 && t + i < MT; ++i) op.y[(t0 + t + i) * op.y_stride + r0] = sums[i];
+      for (int i = 0; i < 4 && t + i < MT; ++i) op.y[(t0 + t + i) * op.y_stride + r0 - op.y_first_row] = sums[i];
     }
   } else {  // four rows of one token at a time
 #pragma GCC unroll 8
     for (int t = 0; t < MT; ++t) {
-      float* out = op.y + (t0 + t) * op.y_stride + r0;
+      float* out = op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row;
 #pragma GCC unroll 4
       for (int g = 0; g < NR; g += 4) {
         const __m128 sums = reduce4(acc[0][t][g], g + 1 < NR ? acc[0][t][g + 1] : zero, g + 2 < NR ? acc[0][t][g + 2] : zero,
@@ -352,13 +377,114 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
   }
 }
 
+// A loaded vector the compiler must keep in a register: otherwise it folds the load into each of the
+// NR vpdpbusd that read it (their signed operand may be memory), and loads, not products, set the pace.
+inline __m512i in_register(__m512i value) {
+  asm("" : "+v"(value));
+  return value;
+}
+
+// The multi-token tile of the superblock formats: each pair of code vectors of MT x NR rows' superblock
+// is loaded once and feeds MT tokens, each activation vector NR rows, into MT x NR integer sums that
+// stay in registers for the superblock (2 * MT * NR + 2 * NR + 1 of the 32 vector registers, with the
+// float sums). Per pair, a superblock then costs 8 vpdpbusd and one convert, multiply and add: scale_add,
+// in one chain superblock after superblock whatever the tile's size, so a value does not depend on
+// which multi-token tile it came from.
+template <class P, int MT, int NR, bool kTail>
+inline void superblock_step(const typename P::Row (&rows)[NR], const typename P::Token (&tokens)[MT], int64_t k,
+                            int blocks, int64_t prefetch_offset, __m512 (&acc)[MT][NR]) {
+  if (prefetch_offset != 0) {
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) P::prefetch(rows[i], k, prefetch_offset);
+  }
+  const int lanes = kTail ? blocks : 16;
+  typename P::XVec x[MT];
+  __m512i dots[MT][NR];
+#pragma GCC unroll 8
+  for (int t = 0; t < MT; ++t) {
+    x[t] = P::load_x(tokens[t], k);
+    const __m512i correction = _mm512_load_si512(x[t] + P::kCorrectionsAt);
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) dots[t][i] = correction;
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    typename P::Codes codes[NR];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) codes[i] = P::load_codes(rows[i], k, v, lanes);
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) {
+      const __m512i low = in_register(_mm512_load_si512(x[t] + 128 * v));
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) dots[t][i] = _mm512_dpbusd_epi32(dots[t][i], codes[i].low, low);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) {
+      const __m512i high = in_register(_mm512_load_si512(x[t] + 128 * v + 64));
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) dots[t][i] = _mm512_dpbusd_epi32(dots[t][i], codes[i].high, high);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; ++i) {
+    const __m512 w_scales = P::load_scales(rows[i], k, lanes);
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) acc[t][i] = P::scale_add(acc[t][i], dots[t][i], w_scales, x[t]);
+  }
+}
+
+template <class P, int MT, int NR>
+void superblock_tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, const KRange& range) {
+  static_assert(NR <= 4, "one reduce4 per token");
+  typename P::Row rows[NR];
+  typename P::Token tokens[MT];
+  tile_operands<P, MT, NR>(op, t0, r0, row_count, rows, tokens);
+  __m512 acc[MT][NR];
+  const bool resume = range.carried != nullptr && range.begin > 0;
+#pragma GCC unroll 8
+  for (int t = 0; t < MT; ++t) {
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) acc[t][i] = resume ? _mm512_load_ps(range.carried + t * NR + i) : _mm512_setzero_ps();
+  }
+  const int64_t cols = op.cols;
+  const int64_t full = cols - cols % P::kStep;
+  const int64_t stop = range.end < full ? range.end : full;
+  int64_t k = range.begin;
+  for (; k < stop; k += P::kStep) superblock_step<P, MT, NR, false>(rows, tokens, k, 16, range.prefetch_offset, acc);
+  if (range.end < cols) {
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) {
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) _mm512_store_ps(range.carried + t * NR + i, acc[t][i]);
+    }
+    return;
+  }
+  if (k < cols) superblock_step<P, MT, NR, true>(rows, tokens, k, tail_blocks(cols - k), 0, acc);
+  const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int t = 0; t < MT; ++t) {
+    float* out = op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row;
+    const __m128 sums = reduce4(acc[t][0], NR > 1 ? acc[t][NR > 1 ? 1 : 0] : zero, NR > 2 ? acc[t][NR > 2 ? 2 : 0] : zero,
+                                NR > 3 ? acc[t][NR > 3 ? 3 : 0] : zero);
+    if (row_count >= 4) {
+      _mm_storeu_ps(out, sums);
+    } else {
+      _mm_mask_storeu_ps(out, static_cast<__mmask8>((1u << row_count) - 1u), sums);
+    }
+  }
+}
+
 template <class P, int MT, int NR>
 void tile_for_tokens(int64_t token_count, const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count,
                      const KRange& range) {
   if constexpr (MT > 1) {
     if (token_count < MT) return tile_for_tokens<P, MT - 1, NR>(token_count, op, t0, r0, row_count, range);
   }
-  tile<P, MT, NR>(op, t0, r0, row_count, range);
+  if constexpr (P::kStep == kQ4SuperblockValues && MT * NR > 1) {
+    superblock_tile<P, MT, NR>(op, t0, r0, row_count, range);
+  } else {
+    tile<P, MT, NR>(op, t0, r0, row_count, range);
+  }
 }
 
 // One token (the decode step of one sequence): each weight row is read by a single-row tile, one
@@ -370,12 +496,17 @@ constexpr int64_t kDecodeActivationLimit = 32 * 1024;
 // per chunk (cutting rows whose activations fit anyway measured slower).
 constexpr int64_t kDecodeChunkBytes = 16 * 1024;
 constexpr int kDecodeBlockRows = 8;
+// q8 and q4 tiles do more work per activation byte: their chunks measured fastest at 80 KiB (8 tokens x
+// 8192 values), where the activations come partly from L2, rather than in more, shorter passes: at
+// 16 KiB a step of 8 sequences through a 1536 x 12288 q8 weight took 1.2-1.3x as long.
+constexpr int64_t kSuperblockChunkBytes = 80 * 1024;
 
 // Values of K per chunk: all of it while the tokens' activations fit L1, else what fills half of it.
 template <class P>
 int64_t decode_chunk(const MatmulOperands& op) {
   if (op.tokens * op.cols * P::kActivationBits / 8 <= kDecodeActivationLimit) return op.cols;
-  const int64_t chunk = kDecodeChunkBytes * 8 / (op.tokens * P::kActivationBits) / (2 * P::kStep) * (2 * P::kStep);
+  const int64_t chunk_bytes = P::kStep == kQ4SuperblockValues ? kSuperblockChunkBytes : kDecodeChunkBytes;
+  const int64_t chunk = chunk_bytes * 8 / (op.tokens * P::kActivationBits) / (2 * P::kStep) * (2 * P::kStep);
   return chunk < 2 * P::kStep ? 2 * P::kStep : chunk;
 }
 
@@ -383,7 +514,7 @@ template <class P>
 void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   const int64_t chunk = decode_chunk<P>(op);
   if (chunk == op.cols) {
-    const KRange whole{0, op.cols, nullptr, kPrefetchBytes};
+    const KRange whole{0, op.cols, nullptr, P::kWeightBits == 4 ? kQ4PrefetchBytes : kPrefetchBytes};
     for (int64_t r = row_begin; r < row_end; ++r) tile<P, 1, 1>(op, 0, r, 1, whole);
     return;
   }
@@ -414,6 +545,7 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
 // prefetches the segment read after it.
 constexpr int kBatchMaxTokens = 16;
 constexpr int64_t kBatchBlockRows = 12;  // a multiple of every kBatchRows
+constexpr int64_t kStagedRows = 4 * kBatchBlockRows;  // 48 outputs: 3 cache lines per token
 
 template <class P>
 void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
@@ -422,24 +554,40 @@ void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   const int64_t chunk = decode_chunk<P>(op);
   constexpr int MT = P::kBatchTokens;
   const int64_t tiles = (op.tokens + MT - 1) / MT;
-  alignas(64) __m512 carried[kBatchBlockRows / NR][kBatchMaxTokens / MT][MT * NR];
+  alignas(64) __m512 carried[kBatchBlockRows / NR][(kBatchMaxTokens + MT - 1) / MT][MT * NR];
+  // Outputs are staged here and copied out every kStagedRows rows, whole cache lines per token: the
+  // tiles' few floats per token would otherwise land in rows y_stride apart, and where that is a power
+  // of two (the LM head's 262,144 rows: 1 MiB) every token's line falls in the same cache set, more
+  // lines than the set has ways (16 tokens through the head took 3.6x as long as 8).
+  alignas(64) float staged[kBatchMaxTokens * kStagedRows];
+  MatmulOperands local = op;
+  local.y = staged;
+  local.y_stride = kStagedRows;
   const int64_t row_bytes = weight_bytes_of<P>(op.cols);
-  for (int64_t block = row_begin; block < row_end; block += kBatchBlockRows) {
-    const int64_t block_end = smaller(block + kBatchBlockRows, row_end);
-    for (int64_t k0 = 0; k0 < op.cols; k0 += chunk) {
-      const int64_t k1 = op.cols - k0 <= chunk ? op.cols : k0 + chunk;
-      for (int64_t r0 = block, group = 0; r0 < block_end; r0 += NR, ++group) {
-        const int64_t here = r0 * row_bytes + weight_bytes_of<P>(k0);
-        const int64_t next = r0 + NR < block_end ? here + NR * row_bytes
-                             : k1 < op.cols      ? block * row_bytes + weight_bytes_of<P>(k1)
-                                                 : block_end * row_bytes;
-        for (int64_t tile_index = 0; tile_index < tiles; ++tile_index) {
-          // Equal tiles (16 tokens: 8 + 8, 12: 6 + 6): none left with a token or two.
-          const int64_t t0 = op.tokens * tile_index / tiles, t1 = op.tokens * (tile_index + 1) / tiles;
-          const KRange range{k0, k1, chunk == op.cols ? nullptr : carried[group][tile_index], tile_index == 0 ? next - here : 0};
-          tile_for_tokens<P, MT, NR>(t1 - t0, op, t0, r0, smaller(NR, block_end - r0), range);
+  for (int64_t stage = row_begin; stage < row_end; stage += kStagedRows) {
+    const int64_t stage_end = smaller(stage + kStagedRows, row_end);
+    local.y_first_row = stage;
+    for (int64_t block = stage; block < stage_end; block += kBatchBlockRows) {
+      const int64_t block_end = smaller(block + kBatchBlockRows, stage_end);
+      for (int64_t k0 = 0; k0 < op.cols; k0 += chunk) {
+        const int64_t k1 = op.cols - k0 <= chunk ? op.cols : k0 + chunk;
+        for (int64_t r0 = block, group = 0; r0 < block_end; r0 += NR, ++group) {
+          const int64_t here = r0 * row_bytes + weight_bytes_of<P>(k0);
+          const int64_t next = r0 + NR < block_end ? here + NR * row_bytes
+                               : k1 < op.cols      ? block * row_bytes + weight_bytes_of<P>(k1)
+                                                   : block_end * row_bytes;
+          for (int64_t tile_index = 0; tile_index < tiles; ++tile_index) {
+            // Equal tiles (16 tokens: 8 + 8, 12: 6 + 6): none left with a token or two.
+            const int64_t t0 = op.tokens * tile_index / tiles, t1 = op.tokens * (tile_index + 1) / tiles;
+            const KRange range{k0, k1, chunk == op.cols ? nullptr : carried[group][tile_index], tile_index == 0 ? next - here : 0};
+            tile_for_tokens<P, MT, NR>(t1 - t0, local, t0, r0, smaller(NR, block_end - r0), range);
+          }
         }
       }
+    }
+    for (int64_t t = 0; t < op.tokens; ++t) {
+      std::memcpy(op.y + t * op.y_stride + stage - op.y_first_row, staged + t * kStagedRows,
+                  static_cast<size_t>(stage_end - stage) * sizeof(float));
     }
   }
 }
