@@ -248,6 +248,22 @@ TEST(BenchCommand, StepsOfSeveralSequences) {
   EXPECT_NE(refused.err.find("--sequences"), std::string::npos) << refused.err;
 }
 
+// The decode roofline comes from probes taken between the timed steps: the bandwidth it used lies
+// within the slowest and fastest of them, and roofline x bytes per token is that bandwidth.
+TEST(BenchCommand, DecodeRooflineFromProbesAroundTheSteps) {
+  const CommandResult bench = run_gemma4rt({"bench", "--model", (kModels / "tiny-e2b").string(), "-p", "4", "-n", "7", "--json", "--threads", "2"});
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  const nlohmann::json figures = nlohmann::json::parse(bench.out);
+  const double slowest = figures["read_bandwidth_probes_gb_s"][0], fastest = figures["read_bandwidth_probes_gb_s"][1];
+  const double used = figures["read_bandwidth_gb_s"];
+  EXPECT_GT(slowest, 0.0) << figures.dump();
+  EXPECT_LE(slowest, used * (1 + 1e-9)) << figures.dump();
+  EXPECT_LE(used, fastest * (1 + 1e-9)) << figures.dump();
+  EXPECT_NEAR(figures["roofline_decode_tokens_per_s"].get<double>() * figures["weight_bytes_per_token"].get<double>() / 1e9, used, used * 1e-9);
+  EXPECT_NEAR(figures["decode_percent_of_roofline"].get<double>(),
+              100.0 * figures["decode_tokens_per_s"].get<double>() / figures["roofline_decode_tokens_per_s"].get<double>(), 1e-6);
+}
+
 TEST(TokenizeCommand, EncodesAndDecodes) {
   const auto model_dir = kModels / "tiny-e2b";
   const nlohmann::json fixture = read_json_file(model_dir / "coherence.json");

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "backend/host/isa.h"
+#include "core/error.h"
 
 namespace gemma4rt::kernels {
 
@@ -21,26 +22,28 @@ float read_stream_scalar(const float* data, size_t bytes) {
   return total;
 }
 
-double measure_read_bandwidth(ThreadPool& pool, size_t buffer_bytes, int repeats) {
-  buffer_bytes = std::max<size_t>(buffer_bytes / (512 * pool.size()) * 512 * pool.size(), 512 * pool.size());
-  auto release = [](float* pointer) { std::free(pointer); };
-  std::unique_ptr<float, decltype(release)> buffer(static_cast<float*>(std::aligned_alloc(64, buffer_bytes)), release);
-  const size_t share = buffer_bytes / pool.size();
-  // Each thread touches its own share first, so pages live near the thread that reads them.
-  pool.run([&](int thread, int) {
-    std::memset(reinterpret_cast<char*>(buffer.get()) + share * thread, 1, share);
-  });
+ReadProbe::ReadProbe(ThreadPool& pool, size_t buffer_bytes) : pool_(pool) {
+  const size_t unit = 512 * static_cast<size_t>(pool.size());
+  bytes_ = std::max(buffer_bytes / unit * unit, unit);
+  buffer_.reset(static_cast<float*>(std::aligned_alloc(64, bytes_)));
+  if (!buffer_) fail("bandwidth probe: cannot allocate {} bytes", bytes_);
+  const size_t share = bytes_ / pool.size();
+  pool.run([&](int thread, int) { std::memset(reinterpret_cast<char*>(buffer_.get()) + share * thread, 1, share); });
+}
+
+double ReadProbe::measure(int repeats) {
   auto stream = active_isa() >= Isa::kAvx512 ? read_stream_avx512 : active_isa() >= Isa::kAvx2 ? read_stream_avx2 : read_stream_scalar;
+  const size_t share = bytes_ / pool_.size();
   double best = 0.0;
   volatile float sink = 0.0f;
   for (int repeat = 0; repeat < repeats; ++repeat) {
     const auto start = std::chrono::steady_clock::now();
-    pool.run([&](int thread, int) {
-      const float* data = reinterpret_cast<const float*>(reinterpret_cast<const char*>(buffer.get()) + share * thread);
+    pool_.run([&](int thread, int) {
+      const float* data = reinterpret_cast<const float*>(reinterpret_cast<const char*>(buffer_.get()) + share * thread);
       sink = sink + stream(data, share);
     });
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, static_cast<double>(buffer_bytes) / seconds);
+    best = std::max(best, static_cast<double>(bytes_) / seconds);
   }
   return best;
 }

@@ -4,13 +4,29 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
+#include <memory>
 
 #include "core/thread_pool.h"
 
 namespace gemma4rt::kernels {
 
-// Bytes per second, the best of `repeats` passes over a buffer of `buffer_bytes`.
-double measure_read_bandwidth(ThreadPool& pool, size_t buffer_bytes = size_t{1} << 30, int repeats = 5);
+// A buffer far larger than the caches, written once, each thread's share by that thread (so pages
+// live near the thread that reads them); measure() can then be called again and again cheaply.
+class ReadProbe {
+ public:
+  explicit ReadProbe(ThreadPool& pool, size_t buffer_bytes = size_t{1} << 30);
+  // Bytes per second, the best of `repeats` passes over the buffer.
+  double measure(int repeats = 5);
+
+ private:
+  struct FreeDeleter {
+    void operator()(float* pointer) const { std::free(pointer); }
+  };
+  ThreadPool& pool_;
+  size_t bytes_ = 0;
+  std::unique_ptr<float, FreeDeleter> buffer_;
+};
 
 // One pass of reading [data, data + bytes) (bytes a multiple of 512); returns a value that depends on
 // every byte so the reads cannot be optimised away.

@@ -51,7 +51,11 @@ Weight HostBackend::prepare_weight(const TensorView& view, WeightFormat format) 
   return weight;
 }
 
-double HostBackend::measure_read_bandwidth() { return kernels::measure_read_bandwidth(pool_); }
+// The probe's buffer is kept: bench probes between blocks of decode steps.
+double HostBackend::measure_read_bandwidth() {
+  if (!read_probe_) read_probe_ = std::make_unique<kernels::ReadProbe>(pool_);
+  return read_probe_->measure();
+}
 
 Backend::ComputePeak HostBackend::measure_compute_peak(WeightFormat format) {
   const kernels::ComputePeak peak = kernels::measure_compute_peak(pool_, format);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/host/bandwidth.h"
 #include "core/thread_pool.h"
 
 namespace gemma4rt::backend {
@@ -91,6 +92,7 @@ class HostBackend : public Backend {
                       int first_key, std::span<const int32_t> visible, DerivedScratch& scratch, float* scores);
 
   ThreadPool pool_;
+  std::unique_ptr<kernels::ReadProbe> read_probe_;  // made by the first measure_read_bandwidth()
   std::vector<std::unique_ptr<std::byte, FreeDeleter>> buffers_;
   size_t buffer_bytes_ = 0;
   int32_t weight_count_ = 0;
