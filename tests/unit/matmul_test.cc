@@ -252,6 +252,7 @@ TEST(Matmul, LongRowsStayWithinTolerance) {
     for (WeightFormat format : kFormats) {
       check_matmul(rng, 7, 37, 6144 + 13, format);  // decode cuts these rows into K chunks
       check_matmul(rng, 16, 11, 6144 + 13, format);  // two token tiles over K chunks
+      check_matmul(rng, 21, 13, 6144 + 13, format);  // prefill tiles over long rows
       check_matmul(rng, 1, 19, 12288 + 5, format);
       check_matmul(rng, 1, 70, 1536, format);
       if (HasFatalFailure()) return;
@@ -268,9 +269,9 @@ TEST(Matmul, RowSplitsGiveBitwiseIdenticalResults) {
     set_active_isa(level);
     for (WeightFormat format : kFormats) {
       // cols 161: every row at once; cols 4133: long rows cut into K chunks (f32 and bf16 from 5 tokens,
-      // q8 and q4, whose chunks are longer, at 16).
+      // q8 and q4, whose chunks are longer, at 16; 24 tokens: prefill tiles over the whole of K).
       for (const auto& [tokens, cols] : {std::pair<int64_t, int64_t>{1, 161}, {5, 161}, {8, 161}, {13, 161},
-                                        {5, 4133}, {8, 4133}, {16, 4133}}) {
+                                        {5, 4133}, {8, 4133}, {16, 4133}, {24, 4133}}) {
         SCOPED_TRACE(testing::Message() << isa_name(level) << " " << format_name(format) << " tokens " << tokens
                                         << " cols " << cols);
         const int64_t rows = 203;
