@@ -148,6 +148,11 @@ class Backend {
   // ---- ops. Buffers hold f32 unless said otherwise; `rows` counts rows of `width` values.
   // y[r] = W x[r] for r < rows.
   virtual void matmul(Buffer x, int rows, Weight weight, Buffer y) = 0;
+  // ys[i][r] = weights[i] x[r]: products of one input (q, k and v; gate and up). One after another
+  // here; a backend may run them as one unit of work (the CPU backend: one fork-join for all).
+  virtual void matmul_each(Buffer x, int rows, std::span<const Weight> weights, std::span<const Buffer> ys) {
+    for (size_t i = 0; i < weights.size(); ++i) matmul(x, rows, weights[i], ys[i]);
+  }
   // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight; weight invalid: the weightless norm. out may be x.
   virtual void rms_norm(Buffer x, int64_t rows, int width, Buffer weight, float eps, Buffer out) = 0;
   virtual void scale(Buffer x, int64_t count, float factor) = 0;                          // x *= factor

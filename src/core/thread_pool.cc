@@ -70,10 +70,15 @@ void ThreadPool::parallel_for(int64_t count, int64_t granule, const std::functio
   }
   run([&](int thread, int) {
     if (thread >= threads) return;
-    const int64_t first = granules * thread / threads * granule;
-    const int64_t last = std::min(count, granules * (thread + 1) / threads * granule);
-    if (first < last) work(first, last);
+    const Range range = share(count, granule, thread, threads);
+    if (range.begin < range.end) work(range.begin, range.end);
   });
+}
+
+ThreadPool::Range ThreadPool::share(int64_t count, int64_t granule, int thread, int threads) {
+  granule = std::max<int64_t>(granule, 1);
+  const int64_t granules = (count + granule - 1) / granule;
+  return {std::min(count, granules * thread / threads * granule), std::min(count, granules * (thread + 1) / threads * granule)};
 }
 
 void ThreadPool::worker_loop(int index) {

@@ -35,6 +35,12 @@ class ThreadPool {
   // and calls work(begin, end) for each non-empty range.
   void parallel_for(int64_t count, int64_t granule, const std::function<void(int64_t, int64_t)>& work);
 
+  // Thread `thread` of `threads`' range of [0, count) as parallel_for splits it (possibly empty).
+  struct Range {
+    int64_t begin = 0, end = 0;
+  };
+  static Range share(int64_t count, int64_t granule, int thread, int threads);
+
  private:
   void worker_loop(int index);
 

@@ -571,18 +571,22 @@ void Transformer::attention(int layer, int count) {
   const int64_t kv_row = kv_heads.count * head_dim;
   const bool owns_kv = geometry.owns_kv(layer);
 
-  device.matmul(normed_, count, state.q, query_);
-  device.rms_norm(query_, count * query_heads.count, head_dim, state.q_norm, eps_, query_);
   // K=V layers cache only V = v_norm(k_proj x); attention rebuilds K = RoPE(V * k_norm) from it.
+  if (!owns_kv) {
+    device.matmul(normed_, count, state.q, query_);
+  } else if (geometry.k_eq_v) {
+    const backend::Weight weights[] = {state.q, state.k};
+    const Buffer outputs[] = {query_, value_};
+    device.matmul_each(normed_, count, weights, outputs);
+  } else {
+    const backend::Weight weights[] = {state.q, state.k, state.v};
+    const Buffer outputs[] = {query_, key_, value_};
+    device.matmul_each(normed_, count, weights, outputs);
+  }
+  device.rms_norm(query_, count * query_heads.count, head_dim, state.q_norm, eps_, query_);
   const bool keys_derived = cache_->keys_derived(layer);
   if (owns_kv) {
-    if (geometry.k_eq_v) {
-      device.matmul(normed_, count, state.k, value_);
-    } else {
-      device.matmul(normed_, count, state.k, key_);
-      device.matmul(normed_, count, state.v, value_);
-      device.rms_norm(key_, count * kv_heads.count, head_dim, state.k_norm, eps_, key_);
-    }
+    if (!geometry.k_eq_v) device.rms_norm(key_, count * kv_heads.count, head_dim, state.k_norm, eps_, key_);
     device.rms_norm(value_, count * kv_heads.count, head_dim, Buffer{}, eps_, value_);  // v_norm has no weight
   }
   const bool rotate_keys = owns_kv && !geometry.k_eq_v;
@@ -622,8 +626,9 @@ void Transformer::feed_forward(int layer, int count) {
   const int width = static_cast<int>(partition_ ? partition_->layers[layer].mlp_rows.count : geometry.mlp_intermediate_size);
 
   device.rms_norm(hidden_, count, hidden, state.pre_feedforward_norm, eps_, normed_);
-  device.matmul(normed_, count, state.gate, gate_);
-  device.matmul(normed_, count, state.up, up_);
+  const backend::Weight weights[] = {state.gate, state.up};
+  const Buffer outputs[] = {gate_, up_};
+  device.matmul_each(normed_, count, weights, outputs);
   device.gelu_multiply(gate_, up_, count, width, width, 0);
   device.matmul(gate_, count, state.down, ffn_out_);
   all_reduce(ffn_out_, values);  // down_proj is row-parallel

@@ -2,8 +2,10 @@
 // traces every call: a decode step uploads its inputs, issues ops, and downloads exactly once (the ids
 // when greedy, the softcapped logits when sampling); no step allocates; nothing is read back in the
 // middle of a forward pass, MoE routing included. And the device-side argmax gives the goldens' tokens.
+#include <cstring>
 #include <memory>
 #include <regex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -256,6 +258,52 @@ TEST(BackendRegistry, ModelThatDoesNotFitTheDeviceIsRefusedBeforeUpload) {
     const std::string message = error.what();
     EXPECT_NE(message.find("does not fit the cpu device"), std::string::npos) << message;
     EXPECT_NE(message.find("GB"), std::string::npos) << message;
+  }
+}
+
+// Products of one input issued together (q, k, v; gate, up) give bitwise what they give one by one,
+// in every weight format, for one row and for a prefill's worth, and where one's width differs (the
+// input is then read at each weight's own width).
+TEST(BackendRegistry, CpuMatmulEachMatchesSeparateProducts) {
+  const std::unique_ptr<backend::Backend> cpu = backend::make_backend({.name = "cpu", .threads = 2});
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
+    for (const int64_t other_cols : {int64_t{640}, int64_t{704}}) {
+      SCOPED_TRACE(::testing::Message() << format_name(format) << ", third weight " << other_cols << " wide");
+      const std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 640}, {112, 640}, {128, other_cols}};
+      std::vector<std::vector<float>> values;
+      std::vector<Weight> weights;
+      uint32_t seed = 3;
+      for (const auto& [rows, cols] : shapes) {
+        values.emplace_back(static_cast<size_t>(rows * cols));
+        for (float& value : values.back()) value = static_cast<float>((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+        TensorView view;
+        view.name = "w";
+        view.dtype = DType::kF32;
+        view.shape = {rows, cols};
+        view.data = reinterpret_cast<const std::byte*>(values.back().data());
+        weights.push_back(cpu->prepare_weight(view, format));
+      }
+      for (const int rows : {1, 20}) {
+        std::vector<float> input(static_cast<size_t>(rows) * 704);
+        for (float& value : input) value = static_cast<float>((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+        const Buffer x = cpu->allocate(input.size() * sizeof(float));
+        cpu->upload(x, 0, input.data(), input.size() * sizeof(float));
+        std::vector<Buffer> together, alone;
+        for (const auto& shape : shapes) {
+          together.push_back(cpu->allocate(static_cast<size_t>(rows * shape.first) * sizeof(float)));
+          alone.push_back(cpu->allocate(static_cast<size_t>(rows * shape.first) * sizeof(float)));
+        }
+        const size_t count = shapes.size();  // a third weight of another width: each product on its own
+        cpu->matmul_each(x, rows, std::span(weights.data(), count), std::span<const Buffer>(together.data(), count));
+        for (size_t i = 0; i < count; ++i) cpu->matmul(x, rows, weights[i], alone[i]);
+        for (size_t i = 0; i < count; ++i) {
+          std::vector<float> a(static_cast<size_t>(rows * shapes[i].first)), b(a.size());
+          cpu->download(together[i], 0, a.data(), a.size() * sizeof(float));
+          cpu->download(alone[i], 0, b.data(), b.size() * sizeof(float));
+          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "weight " << i << ", " << rows << " rows";
+        }
+      }
+    }
   }
 }
 

@@ -35,6 +35,25 @@ TEST(ThreadPool, ParallelForCoversRangeInGranules) {
   }
 }
 
+// share() is parallel_for's split: contiguous ranges in granules that cover [0, count) once.
+TEST(ThreadPool, ShareSplitsLikeParallelFor) {
+  for (int threads : {1, 2, 3}) {
+    for (int64_t count : {0, 1, 15, 16, 17, 203, 12289}) {
+      int64_t next = 0;
+      for (int thread = 0; thread < threads; ++thread) {
+        const ThreadPool::Range range = ThreadPool::share(count, 16, thread, threads);
+        EXPECT_EQ(range.begin, next) << threads << " " << count << " " << thread;
+        EXPECT_LE(range.begin, range.end);
+        if (range.end < count) {
+          EXPECT_EQ(range.end % 16, 0);
+        }
+        next = range.end;
+      }
+      EXPECT_EQ(next, count) << threads << " " << count;
+    }
+  }
+}
+
 TEST(ThreadPool, ManyShortRegions) {
   ThreadPool pool(2);
   std::atomic<int64_t> total{0};

@@ -29,6 +29,7 @@ class CpuBackend : public HostBackend {
  protected:
   void store_weight(int32_t id, const TensorView& view, WeightFormat format) override;
   void multiply(const float* x, int rows, int32_t id, float* y) override;
+  void multiply_each(const float* x, int rows, std::span<const int32_t> ids, std::span<float* const> ys) override;
   void norm_row(const float* x, int64_t width, const float* weight, float eps, float* out) override;
   void gelu_multiply_span(float* gate, const float* up, int64_t count) override;
   void add_span(float* y, const float* x, int64_t count) override;
@@ -42,6 +43,10 @@ class CpuBackend : public HostBackend {
   void router_softmax(float* values, int64_t count) override;
 
  private:
+  // Whether a product of `rows` input rows is large enough to be worth waking the pool for.
+  static bool worth_threads(const kernels::WeightMatrix& matrix, int rows);
+  void prepare_input(const float* x, int rows, const kernels::WeightMatrix& matrix);
+
   std::vector<PreparedWeight> weights_;
   kernels::PreparedActivations prepared_;
 };

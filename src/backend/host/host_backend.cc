@@ -64,6 +64,17 @@ Backend::ComputePeak HostBackend::measure_compute_peak(WeightFormat format) {
 
 void HostBackend::matmul(Buffer x, int rows, Weight weight, Buffer y) { multiply(data(x), rows, weight.id, data(y)); }
 
+void HostBackend::matmul_each(Buffer x, int rows, std::span<const Weight> weights, std::span<const Buffer> ys) {
+  if (ys.size() != weights.size()) fail("matmul_each: {} weights but {} outputs", weights.size(), ys.size());
+  each_ids_.clear();
+  each_outputs_.clear();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    each_ids_.push_back(weights[i].id);
+    each_outputs_.push_back(data(ys[i]));
+  }
+  multiply_each(data(x), rows, each_ids_, each_outputs_);
+}
+
 void HostBackend::rms_norm(Buffer x, int64_t rows, int width, Buffer weight, float eps, Buffer out) {
   const float* in = data(x);
   const float* scale = weight.valid() ? data(weight) : nullptr;

@@ -30,6 +30,7 @@ class HostBackend : public Backend {
   ComputePeak measure_compute_peak(WeightFormat format) override;
 
   void matmul(Buffer x, int rows, Weight weight, Buffer y) override;
+  void matmul_each(Buffer x, int rows, std::span<const Weight> weights, std::span<const Buffer> ys) override;
   void rms_norm(Buffer x, int64_t rows, int width, Buffer weight, float eps, Buffer out) override;
   void scale(Buffer x, int64_t count, float factor) override;
   void scale_columns(Buffer x, int rows, int width, Buffer weights, float factor) override;
@@ -57,6 +58,10 @@ class HostBackend : public Backend {
   virtual void store_weight(int32_t id, const TensorView& view, WeightFormat format) = 0;
   // y = x W^T for `rows` rows of weight `id`; may use the pool.
   virtual void multiply(const float* x, int rows, int32_t id, float* y) = 0;
+  // The same for several weights of one input; one multiply after another unless the backend joins them.
+  virtual void multiply_each(const float* x, int rows, std::span<const int32_t> ids, std::span<float* const> ys) {
+    for (size_t i = 0; i < ids.size(); ++i) multiply(x, rows, ids[i], ys[i]);
+  }
   virtual void norm_row(const float* x, int64_t width, const float* weight, float eps, float* out) = 0;
   virtual void gelu_multiply_span(float* gate, const float* up, int64_t count) = 0;
   virtual void add_span(float* y, const float* x, int64_t count) = 0;
@@ -92,6 +97,8 @@ class HostBackend : public Backend {
                       int first_key, std::span<const int32_t> visible, DerivedScratch& scratch, float* scores);
 
   ThreadPool pool_;
+  std::vector<int32_t> each_ids_;  // matmul_each's operands (grow-only)
+  std::vector<float*> each_outputs_;
   std::unique_ptr<kernels::ReadProbe> read_probe_;  // made by the first measure_read_bandwidth()
   std::vector<std::unique_ptr<std::byte, FreeDeleter>> buffers_;
   size_t buffer_bytes_ = 0;
