@@ -307,6 +307,13 @@ TEST(BackendRegistry, CpuMatmulEachMatchesSeparateProducts) {
   }
 }
 
+TEST(BackendRegistry, MatmulEachOfNoWeightsDoesNothing) {
+  const std::unique_ptr<backend::Backend> cpu = backend::make_backend({.name = "cpu", .threads = 2});
+  const Buffer x = cpu->allocate(64 * sizeof(float));
+  cpu->matmul_each(x, 1, {}, {});
+  EXPECT_THROW(cpu->matmul_each(x, 1, {}, std::span<const Buffer>(&x, 1)), Error);  // outputs without weights
+}
+
 TEST(BackendRegistry, ReferenceBackendRefusesBf16) {
   auto model = Model::load(kGoldenDir + "tiny-e2b");
   EngineOptions options;

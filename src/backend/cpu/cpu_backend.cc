@@ -60,6 +60,7 @@ void CpuBackend::multiply(const float* x, int rows, int32_t id, float* y) {
 // weight in turn, so a thread done early with one starts on the next instead of waiting (a decode
 // token of E2B had ~315 fork-joins, a third of them q/k/v and gate/up).
 void CpuBackend::multiply_each(const float* x, int rows, std::span<const int32_t> ids, std::span<float* const> ys) {
+  if (ids.empty()) return;
   const kernels::WeightMatrix& first = weights_[static_cast<size_t>(ids[0])].matrix;
   bool joined = ids.size() > 1;
   for (int32_t id : ids) {
