@@ -259,8 +259,6 @@ struct KRange {
   int64_t prefetch_offset = 0;    // bytes from each weight load to the line prefetched (0: none)
 };
 
-// Tokens [t0, t0 + MT) x rows [r0, r0 + row_count), row_count <= NR, over K range `range`. Missing rows
-// repeat the last valid one (read again from cache) and are not stored.
 // A tile's operand pointers: rows past row_count repeat the last valid one.
 template <class P, int MT, int NR>
 inline void tile_operands(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, typename P::Row (&rows)[NR],
@@ -271,6 +269,8 @@ inline void tile_operands(const MatmulOperands& op, int64_t t0, int64_t r0, int6
   for (int t = 0; t < MT; ++t) tokens[t] = P::token(op, t0 + t);
 }
 
+// Tokens [t0, t0 + MT) x rows [r0, r0 + row_count), row_count <= NR, over K range `range`. Missing rows
+// repeat the last valid one (read again from cache) and are not stored.
 template <class P, int MT, int NR>
 void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, const KRange& range) {
   typename P::Row rows[NR];
