@@ -36,8 +36,8 @@ bool CpuBackend::worth_threads(const kernels::WeightMatrix& matrix, int rows) {
   return matrix.rows * matrix.cols * rows >= kMinParallelMultiplyAdds;
 }
 
-void CpuBackend::prepare_input(const float* x, int rows, const kernels::WeightMatrix& matrix) {
-  if (rows > 1 && worth_threads(matrix, rows)) {  // a step of several sequences, or prefill
+void CpuBackend::prepare_input(const float* x, int rows, const kernels::WeightMatrix& matrix, bool threaded) {
+  if (rows > 1 && threaded) {  // a step of several sequences, or prefill
     prepared_.reshape(rows, matrix.cols, matrix.format);
     pool().parallel_for(rows, 1, [&](int64_t first, int64_t last) { prepared_.convert(x, first, last); });
   } else {
@@ -48,8 +48,9 @@ void CpuBackend::prepare_input(const float* x, int rows, const kernels::WeightMa
 void CpuBackend::multiply(const float* x, int rows, int32_t id, float* y) {
   const kernels::WeightMatrix& matrix = weights_[static_cast<size_t>(id)].matrix;
   const int64_t out = matrix.rows;
-  prepare_input(x, rows, matrix);
-  if (!worth_threads(matrix, rows)) {
+  const bool threaded = worth_threads(matrix, rows);
+  prepare_input(x, rows, matrix, threaded);
+  if (!threaded) {
     kernels::matmul(prepared_, matrix, y, out, 0, out);
     return;
   }
@@ -68,7 +69,7 @@ void CpuBackend::multiply_each(const float* x, int rows, std::span<const int32_t
     joined = joined && matrix.cols == first.cols && matrix.format == first.format && worth_threads(matrix, rows);
   }
   if (!joined) return HostBackend::multiply_each(x, rows, ids, ys);
-  prepare_input(x, rows, first);
+  prepare_input(x, rows, first, true);
   pool().run([&](int thread, int threads) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const kernels::WeightMatrix& matrix = weights_[static_cast<size_t>(ids[i])].matrix;

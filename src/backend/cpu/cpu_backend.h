@@ -45,7 +45,7 @@ class CpuBackend : public HostBackend {
  private:
   // Whether a product of `rows` input rows is large enough to be worth waking the pool for.
   static bool worth_threads(const kernels::WeightMatrix& matrix, int rows);
-  void prepare_input(const float* x, int rows, const kernels::WeightMatrix& matrix);
+  void prepare_input(const float* x, int rows, const kernels::WeightMatrix& matrix, bool threaded);
 
   std::vector<PreparedWeight> weights_;
   kernels::PreparedActivations prepared_;

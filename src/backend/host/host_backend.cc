@@ -79,7 +79,9 @@ void HostBackend::rms_norm(Buffer x, int64_t rows, int width, Buffer weight, flo
   const float* in = data(x);
   const float* scale = weight.valid() ? data(weight) : nullptr;
   float* result = data(out);
-  for (int64_t row = 0; row < rows; ++row) norm_row(in + row * width, width, scale, eps, result + row * width);
+  for_rows(rows, width, [&](int64_t first, int64_t last, int) {
+    for (int64_t row = first; row < last; ++row) norm_row(in + row * width, width, scale, eps, result + row * width);
+  });
 }
 
 void HostBackend::scale(Buffer x, int64_t count, float factor) {
@@ -105,11 +107,15 @@ void HostBackend::copy(Buffer source, Buffer destination, int64_t count) {
 void HostBackend::gelu_multiply(Buffer gate, Buffer up, int rows, int width, int64_t up_stride, int64_t up_offset) {
   float* gates = data(gate);
   const float* ups = data(up);
-  if (up_stride == width && up_offset == 0) {  // dense rows: one pass over all of them
-    gelu_multiply_span(gates, ups, static_cast<int64_t>(rows) * width);
+  if (up_stride == width && up_offset == 0) {  // dense rows: one span over each thread's rows
+    for_rows(rows, width, [&](int64_t first, int64_t last, int) {
+      gelu_multiply_span(gates + first * width, ups + first * width, (last - first) * width);
+    });
     return;
   }
-  for (int row = 0; row < rows; ++row) gelu_multiply_span(gates + static_cast<int64_t>(row) * width, ups + row * up_stride + up_offset, width);
+  for_rows(rows, width, [&](int64_t first, int64_t last, int) {
+    for (int64_t row = first; row < last; ++row) gelu_multiply_span(gates + row * width, ups + row * up_stride + up_offset, width);
+  });
 }
 
 void HostBackend::combine_per_layer_inputs(Buffer context, Buffer inputs, int64_t count, float embed_scale, float combine_scale) {
@@ -122,20 +128,25 @@ void HostBackend::rope(Buffer queries, int query_heads, Buffer keys, int key_hea
                        Buffer inverse_frequencies) {
   const auto* table = data<const RowEntry>(row_table);
   const float* frequencies = data(inverse_frequencies);
-  reserve(rope_cos_, static_cast<size_t>(head_dim));
-  reserve(rope_sin_, static_cast<size_t>(head_dim));
+  // One cos/sin table per thread: each row has its own position.
+  const size_t table_size = static_cast<size_t>(head_dim);
+  reserve(rope_cos_, table_size * static_cast<size_t>(pool_.size()));
+  reserve(rope_sin_, table_size * static_cast<size_t>(pool_.size()));
   const int half = head_dim / 2;
-  for (int row = 0; row < rows; ++row) {
-    for (int i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(table[row].position) * frequencies[i];
-      rope_cos_[i] = rope_cos_[i + half] = std::cos(angle);
-      rope_sin_[i] = rope_sin_[i + half] = std::sin(angle);
+  const int64_t row_elements = static_cast<int64_t>(query_heads + key_heads) * head_dim;
+  for_rows(rows, row_elements, [&](int64_t first, int64_t last, int thread) {
+    float* cos = rope_cos_.data() + table_size * static_cast<size_t>(thread);
+    float* sin = rope_sin_.data() + table_size * static_cast<size_t>(thread);
+    for (int64_t row = first; row < last; ++row) {
+      for (int i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(table[row].position) * frequencies[i];
+        cos[i] = cos[i + half] = std::cos(angle);
+        sin[i] = sin[i + half] = std::sin(angle);
+      }
+      rotate_heads(data(queries) + row * query_heads * head_dim, query_heads, head_dim, cos, sin);
+      if (key_heads > 0) rotate_heads(data(keys) + row * key_heads * head_dim, key_heads, head_dim, cos, sin);
     }
-    rotate_heads(data(queries) + static_cast<int64_t>(row) * query_heads * head_dim, query_heads, head_dim, rope_cos_.data(), rope_sin_.data());
-    if (key_heads > 0) {
-      rotate_heads(data(keys) + static_cast<int64_t>(row) * key_heads * head_dim, key_heads, head_dim, rope_cos_.data(), rope_sin_.data());
-    }
-  }
+  });
 }
 
 void HostBackend::store_kv(Buffer source, int rows, int64_t row_elements, Buffer row_table, Buffer cache, int capacity, KvFormat format) {

@@ -92,6 +92,20 @@ class HostBackend : public Backend {
     if (scratch.size() < size) scratch.resize(size);
   }
 
+  // Row-by-row element-wise ops (norms, RoPE, GELU) below this many elements run on the calling thread:
+  // a decode step (one row, or a few) does not wake the pool, a prompt's rows are shared out.
+  static constexpr int64_t kMinParallelElements = int64_t{1} << 16;
+  // work(first, last, thread) over rows [0, rows) of `row_elements` each, on the pool or, below
+  // kMinParallelElements, all on the calling thread (thread 0).
+  template <class Work>
+  void for_rows(int64_t rows, int64_t row_elements, const Work& work) {
+    if (rows <= 1 || rows * row_elements < kMinParallelElements || pool_.size() == 1) return work(0, rows, 0);
+    pool_.run([&](int thread, int threads) {
+      const ThreadPool::Range range = ThreadPool::share(rows, 1, thread, threads);
+      if (range.begin < range.end) work(range.begin, range.end, thread);
+    });
+  }
+
   struct DerivedScratch;
   void derived_scores(const AttentionShape& shape, const float* queries, int group, const std::byte* value_rows, int64_t row_stride,
                       int first_key, std::span<const int32_t> visible, DerivedScratch& scratch, float* scores);
