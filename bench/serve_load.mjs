@@ -13,7 +13,9 @@ async function one(index) {
   const response = await fetch(`${base}/v1/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ prompt, max_tokens: maxTokens, ignore_eos: true, temperature: 0, stream: true }),
+    // logprobs 0 (the chosen token's own): every token then comes as its own chunk, also one whose text
+    // is empty or held back (a random-weight checkpoint picks many such tokens).
+    body: JSON.stringify({ prompt, max_tokens: maxTokens, ignore_eos: true, temperature: 0, stream: true, logprobs: 0 }),
     signal: AbortSignal.timeout(600_000),
   });
   let firstToken = null;
@@ -28,7 +30,7 @@ async function one(index) {
       buffer = buffer.slice(cut + 2);
       if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
       const chunk = JSON.parse(event.slice(6));
-      if (chunk.choices?.[0]?.logprobs !== undefined && chunk.choices[0].finish_reason === null) {
+      if (chunk.choices?.[0]?.logprobs) {
         tokens += 1;
         if (firstToken === null) firstToken = performance.now() - started;
       }
@@ -41,6 +43,11 @@ const started = performance.now();
 const results = await Promise.all(Array.from({ length: concurrency }, (_, i) => one(i)));
 const seconds = (performance.now() - started) / 1000;
 const generated = results.reduce((sum, r) => sum + r.tokens, 0);
+const silent = results.filter((r) => r.firstToken === null).length;
+if (silent > 0) {
+  console.error(`serve_load: ${silent} of ${concurrency} streams received no token`);
+  process.exit(1);
+}
 const ttft = results.map((r) => r.firstToken).sort((a, b) => a - b);
 // Decode phase: from the moment every stream has its first token until the last one ends, all streams
 // decode together; (tokens - 1) per stream over that window is the aggregate decode rate.
