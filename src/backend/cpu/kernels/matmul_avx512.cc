@@ -193,7 +193,17 @@ typename P::WVec superblock_weights(const typename P::Row& row, int64_t k, int b
 
 inline int tail_blocks(int64_t count) { return static_cast<int>((count + kQ4BlockValues - 1) / kQ4BlockValues); }
 
-struct Q8Vnni : SuperblockVnni {
+// The single-row tile's loads for a superblock format P (Q8Vnni, Q4Vnni), from P's load_codes and
+// load_scales.
+template <class P>
+struct SuperblockRowLoads : SuperblockVnni {
+  template <class Row>
+  static WVec load_w(const Row& row, int64_t k) { return superblock_weights<P>(row, k, 16); }
+  template <class Row>
+  static WVec load_w_tail(const Row& row, int64_t k, int64_t count) { return superblock_weights<P>(row, k, tail_blocks(count)); }
+};
+
+struct Q8Vnni : SuperblockRowLoads<Q8Vnni> {
   static constexpr int64_t kWeightBits = 8;
   struct Row { const uint8_t* codes; const float* scales; };
   static Row row(const MatmulOperands& op, int64_t r) {
@@ -212,14 +222,10 @@ struct Q8Vnni : SuperblockVnni {
     const float* scales = row.scales + k / kQ8BlockValues;
     return blocks == 16 ? _mm512_loadu_ps(scales) : _mm512_maskz_loadu_ps(mask16(blocks), scales);
   }
-  static WVec load_w(const Row& row, int64_t k) { return superblock_weights<Q8Vnni>(row, k, 16); }
-  static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    return superblock_weights<Q8Vnni>(row, k, tail_blocks(count));
-  }
 };
 
 // Each of a q4 superblock's four 64-byte vectors gives two vectors of codes: low nibbles, high nibbles.
-struct Q4Vnni : SuperblockVnni {
+struct Q4Vnni : SuperblockRowLoads<Q4Vnni> {
   static constexpr int64_t kWeightBits = 4;
   struct Row { const uint8_t* nibbles; const uint16_t* scales; };
   static Row row(const MatmulOperands& op, int64_t r) {
@@ -238,10 +244,6 @@ struct Q4Vnni : SuperblockVnni {
     const uint16_t* scales = row.scales + k / kQ4BlockValues;
     return _mm512_cvtph_ps(blocks == 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales))
                                         : _mm256_maskz_loadu_epi16(mask16(blocks), scales));
-  }
-  static WVec load_w(const Row& row, int64_t k) { return superblock_weights<Q4Vnni>(row, k, 16); }
-  static WVec load_w_tail(const Row& row, int64_t k, int64_t count) {
-    return superblock_weights<Q4Vnni>(row, k, tail_blocks(count));
   }
 };
 
