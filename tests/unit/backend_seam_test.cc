@@ -2,6 +2,7 @@
 // traces every call: a decode step uploads its inputs, issues ops, and downloads exactly once (the ids
 // when greedy, the softcapped logits when sampling); no step allocates; nothing is read back in the
 // middle of a forward pass, MoE routing included. And the device-side argmax gives the goldens' tokens.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <regex>
@@ -305,6 +306,83 @@ TEST(BackendRegistry, CpuMatmulEachMatchesSeparateProducts) {
       }
     }
   }
+}
+
+// A prompt's rows of the row-wise element-wise ops are shared over the pool (above 65,536 elements):
+// two threads give bitwise what one gives, for norms, RoPE (each row at its own position) and GELU
+// (dense rows, and gate and up side by side in one buffer).
+TEST(BackendRegistry, RowWiseOpsOnTwoThreadsMatchOneThread) {
+  constexpr int kRows = 300, kWidth = 512, kQueryHeads = 4, kKeyHeads = 2, kHeadDim = 64;
+  uint32_t seed = 11;
+  auto random_values = [&](size_t count) {
+    std::vector<float> values(count);
+    for (float& value : values) value = static_cast<float>((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    return values;
+  };
+  const std::vector<float> x = random_values(static_cast<size_t>(kRows) * kWidth);
+  const std::vector<float> norm_weight = random_values(kWidth);
+  const std::vector<float> gate_up = random_values(static_cast<size_t>(kRows) * 2 * kWidth);
+  const std::vector<float> queries = random_values(static_cast<size_t>(kRows) * kQueryHeads * kHeadDim);
+  const std::vector<float> keys = random_values(static_cast<size_t>(kRows) * kKeyHeads * kHeadDim);
+  std::vector<int32_t> row_table;
+  for (int row = 0; row < kRows; ++row) row_table.insert(row_table.end(), {0, row * 7 % 1000, 0});
+  std::vector<float> frequencies(kHeadDim / 2);
+  for (int i = 0; i < kHeadDim / 2; ++i) frequencies[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / kHeadDim);
+
+  struct Results {
+    std::vector<float> norm, dense_gelu, side_by_side_gelu, rotated_queries, rotated_keys;
+  };
+  auto run = [&](int threads) {
+    const std::unique_ptr<backend::Backend> cpu = backend::make_backend({.name = "cpu", .threads = threads});
+    auto upload = [&](const void* data, size_t bytes) {
+      const Buffer buffer = cpu->allocate(bytes);
+      cpu->upload(buffer, 0, data, bytes);
+      return buffer;
+    };
+    auto download = [&](Buffer buffer, size_t count) {
+      std::vector<float> values(count);
+      cpu->download(buffer, 0, values.data(), count * sizeof(float));
+      return values;
+    };
+    const size_t cells = static_cast<size_t>(kRows) * kWidth;
+    Results results;
+    const Buffer normed = cpu->allocate(cells * sizeof(float));
+    cpu->rms_norm(upload(x.data(), cells * sizeof(float)), kRows, kWidth, upload(norm_weight.data(), kWidth * sizeof(float)), 1e-6f, normed);
+    results.norm = download(normed, cells);
+    // Each row of gate_up holds its gate, then its up: once split into two dense buffers, once side by side.
+    std::vector<float> gates(cells), ups(cells);
+    for (size_t row = 0; row < static_cast<size_t>(kRows); ++row) {
+      std::memcpy(gates.data() + row * kWidth, gate_up.data() + row * 2 * kWidth, kWidth * sizeof(float));
+      std::memcpy(ups.data() + row * kWidth, gate_up.data() + row * 2 * kWidth + kWidth, kWidth * sizeof(float));
+    }
+    const Buffer dense_gate = upload(gates.data(), cells * sizeof(float));
+    cpu->gelu_multiply(dense_gate, upload(ups.data(), cells * sizeof(float)), kRows, kWidth, kWidth, 0);
+    results.dense_gelu = download(dense_gate, cells);
+    const Buffer gate = upload(gates.data(), cells * sizeof(float));
+    cpu->gelu_multiply(gate, upload(gate_up.data(), 2 * cells * sizeof(float)), kRows, kWidth, 2 * kWidth, kWidth);
+    results.side_by_side_gelu = download(gate, cells);
+    const Buffer q = upload(queries.data(), queries.size() * sizeof(float));
+    const Buffer k = upload(keys.data(), keys.size() * sizeof(float));
+    cpu->rope(q, kQueryHeads, k, kKeyHeads, kRows, kHeadDim, upload(row_table.data(), row_table.size() * sizeof(int32_t)),
+              upload(frequencies.data(), frequencies.size() * sizeof(float)));
+    results.rotated_queries = download(q, queries.size());
+    results.rotated_keys = download(k, keys.size());
+    return results;
+  };
+  const Results one = run(1), two = run(2);
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same_bits(one.norm, two.norm));
+  EXPECT_TRUE(same_bits(one.dense_gelu, two.dense_gelu));
+  EXPECT_TRUE(same_bits(one.side_by_side_gelu, two.side_by_side_gelu));
+  EXPECT_TRUE(same_bits(one.rotated_queries, two.rotated_queries));
+  EXPECT_TRUE(same_bits(one.rotated_keys, two.rotated_keys));
+  // The ops did run: a later row's keys are rotated (row 299 sits at position 93), and both GELU
+  // layouts multiply the same gate by the same up.
+  EXPECT_GT(std::fabs(two.rotated_keys.back() - keys.back()), 1e-6f);
+  EXPECT_TRUE(same_bits(two.dense_gelu, two.side_by_side_gelu));
+  EXPECT_GT(std::fabs(two.norm.back() - x.back()), 1e-6f);
 }
 
 TEST(BackendRegistry, MatmulEachOfNoWeightsDoesNothing) {
