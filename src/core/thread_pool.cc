@@ -12,8 +12,8 @@ namespace {
 // region a futex wake and a trip through the scheduler, so the poll has to outlast the serial gaps
 // between the parallel regions of a decode step. Counted in time, not in pause instructions, whose
 // cost differs tenfold between CPUs: 2,000 of them (52 us here) let the workers of an E2B q4 decode
-// sleep ~1,000 times in 48 tokens; half a millisecond brings that to ~100 and decode from 18.0-20.8 to
-// 21.7-22.9 tok/s. An idle pool stops burning its cores half a millisecond after its last region.
+// sleep ~1,000 times in 48 tokens, half a millisecond ~100 (docs/benchmarks.md, "Thread-pool polling").
+// An idle pool stops burning its cores half a millisecond after its last region.
 constexpr std::chrono::microseconds kSpinTime{500};
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
