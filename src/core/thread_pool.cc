@@ -8,13 +8,13 @@
 namespace gemma4rt {
 namespace {
 
-// How long a thread polls before it sleeps on a condition variable. A sleeping thread costs the next
-// region a futex wake and a trip through the scheduler, so the poll has to outlast the serial gaps
-// between the parallel regions of a decode step. Counted in time, not in pause instructions, whose
-// cost differs tenfold between CPUs: 2,000 of them (52 us here) let the workers of an E2B q4 decode
-// sleep ~1,000 times in 48 tokens, half a millisecond ~100 (docs/benchmarks.md, "Thread-pool polling").
-// An idle pool stops burning its cores half a millisecond after its last region.
-constexpr std::chrono::microseconds kSpinTime{500};
+// How long a thread polls before it sleeps on a condition variable, counted in time (a pause
+// instruction costs 26 ns on this Zen 4 and differs tenfold between CPUs). Polling longer bridges more
+// of a decode step's serial gaps (half a millisecond cut an E2B q4 decode's worker sleeps from ~1,000
+// to ~100 in 48 tokens), but when more threads are runnable than there are cores (two processes, ctest
+// -j2) a polling thread holds a core the thread with work needs: two `verify` runs side by side took
+// 14.1 s with 500 us against 1.9 s with 52 us. So ~50 us, as before (docs/benchmarks.md).
+constexpr std::chrono::microseconds kSpinTime{50};
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
 
