@@ -1,6 +1,6 @@
 // Matmul microbenchmarks (Google Benchmark).
 //
-//   ReadBandwidth/threads:N    the memory read probe: 512-bit loads, 8 independent accumulators, each
+//   ReadBandwidth/threads:N    the memory read probe: the widest loads, 8 independent accumulators, each
 //                              thread streaming its half of a 1 GiB buffer (>> L3). Decode's ceiling.
 //   PeakBf16/threads:N         vdpbf16ps on registers only: the compute ceiling for bf16 prefill.
 //   Decode/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
@@ -40,6 +40,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "backend/host/bandwidth.h"
 #include "backend/host/compute_peak.h"
 #include "backend/host/isa.h"
 #include "backend/cpu/kernels/matmul.h"
@@ -114,16 +115,13 @@ Buffer allocate(size_t bytes) {
 
 // ---- the read-bandwidth probe ----
 
-__attribute__((target("avx512f"))) float read_stream(const std::byte* data, size_t bytes) {
-  __m512 sums[8];
-  for (__m512& sum : sums) sum = _mm512_setzero_ps();
-  for (size_t offset = 0; offset < bytes; offset += 512) {
-    const float* line = reinterpret_cast<const float*>(data + offset);
-    for (int i = 0; i < 8; ++i) sums[i] = _mm512_add_ps(sums[i], _mm512_load_ps(line + 16 * i));
-  }
-  __m512 total = sums[0];
-  for (int i = 1; i < 8; ++i) total = _mm512_add_ps(total, sums[i]);
-  return _mm512_reduce_add_ps(total);
+// The engine's own read loop for the widest ISA this CPU has (backend/host/bandwidth.h): the probe
+// must run on every machine the kernels do, AVX2-only ones included.
+float read_stream(const std::byte* data, size_t bytes) {
+  const auto* values = reinterpret_cast<const float*>(data);
+  if (detected_isa() >= Isa::kAvx512) return read_stream_avx512(values, bytes);
+  if (detected_isa() >= Isa::kAvx2) return read_stream_avx2(values, bytes);
+  return read_stream_scalar(values, bytes);
 }
 
 constexpr size_t kProbeBytes = size_t{1} << 30;
@@ -145,7 +143,6 @@ double probe_bandwidth(int threads, int repeats) {
 
 void ReadBandwidth(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
-  if (detected_isa() < Isa::kAvx512) return state.SkipWithError("needs AVX-512");
   Buffer buffer = allocate(kProbeBytes);
   const size_t share = kProbeBytes / threads;
   runner(threads).run([&](int thread) { std::memset(buffer.get() + share * thread, 1, share); });

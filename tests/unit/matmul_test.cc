@@ -367,6 +367,35 @@ TEST(Matmul, AllZeroBlocksGiveZerosNotNan) {
   }
 }
 
+// The largest products q4 allows, everywhere: codes 15 (q = 7) against activations of +-127. The AVX2
+// kernel adds a half superblock's eight vpmaddubsw results in int16 lanes (8 * 3,810 = 30,480), so
+// this is where a wider int16 sum would wrap. Each block: one -8 (its extreme, scale 1) and 31 sevens.
+TEST(Matmul, Q4LargestProductsDoNotWrap) {
+  IsaGuard guard;
+  const int64_t rows = 3, cols = 1024 + 96;  // two full superblocks and a partial one
+  std::vector<float> weights(static_cast<size_t>(rows * cols), 7.0f);
+  for (int64_t i = 0; i < rows * cols; i += kQ4BlockValues) weights[static_cast<size_t>(i)] = -8.0f;
+  const double block_sum = -8.0 + 31 * 7.0;
+  for (int64_t tokens : {1, 5}) {
+    std::vector<float> x(static_cast<size_t>(tokens * cols));
+    for (int64_t t = 0; t < tokens; ++t) std::fill(x.begin() + t * cols, x.begin() + (t + 1) * cols, t % 2 == 0 ? 1.0f : -1.0f);
+    for (Isa level : runnable_levels()) {
+      set_active_isa(level);
+      const TestWeights q4 = make_weights(weights, rows, cols, WeightFormat::kQ4);
+      PreparedActivations prepared;
+      prepared.prepare(x.data(), tokens, cols, WeightFormat::kQ4);
+      std::vector<float> y(static_cast<size_t>(tokens * rows), kSentinel);
+      matmul(prepared, q4.matrix, y.data(), rows, 0, rows);
+      for (int64_t t = 0; t < tokens; ++t) {
+        const double expected = (t % 2 == 0 ? 1.0 : -1.0) * block_sum * (cols / kQ4BlockValues);
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_NEAR(y[t * rows + r], expected, 1e-5 * std::fabs(expected)) << isa_name(level) << " tokens " << tokens << " t " << t << " r " << r;
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, Bf16PreparationRoundsLikeTheScalarConversion) {
   IsaGuard guard;
   std::vector<float> x = {1.0f, -2.5f, 1.00390625f /* tie, even down */, 1.01171875f /* tie, odd up */,

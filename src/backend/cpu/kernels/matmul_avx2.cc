@@ -149,8 +149,10 @@ struct Q8Sign {
 
 // q4, one superblock of 512 values per step (layout in core/formats.h), taken as two halves of 8
 // blocks: the nibbles (q + 8) are vpmaddubsw's unsigned operand and the int8 activations its signed
-// one (15 * 127 * 2 cannot saturate int16). Each half sums its 8 blocks' exact dot products in int32
-// lanes from the prepared -8 * sum(x), then converts and scales them once per superblock.
+// one. A product pair is at most 15 * 127 * 2 = 3,810, so a half's eight vpmaddubsw results add up
+// exactly in int16 (8 * 3,810 < 32,767) and need one vpmaddwd instead of eight: on AVX2-only CPUs the
+// multiplies are the bound. Each half then adds its 8 blocks' exact dot products to the prepared
+// -8 * sum(x) in int32 lanes, converts and scales them once per superblock.
 struct Q4Unsigned {
   static_assert(kQ4BlockValues == 32 && kQ4SuperblockValues == 512, "a step is one superblock of 16 blocks");
   static constexpr int kStep = 512, kTokens = 2, kRows = 2;
@@ -200,14 +202,15 @@ struct Q4Unsigned {
   static __m256 madd(__m256 acc, XVec x, const WVec& w) {
     const __m256i low_nibbles = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     for (int h = 0; h < 2; ++h) {
-      __m256i dot = load(x + 576 + 32 * h);
+      __m256i pairs = _mm256_setzero_si256();
       for (int v = 0; v < 4; ++v) {
         const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.nibbles + 64 * v + 32 * h));
         const __m256i low = _mm256_and_si256(packed, low_nibbles);
         const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
-        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(low, load(x + 128 * v + 32 * h)), ones));
-        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(high, load(x + 128 * v + 64 + 32 * h)), ones));
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low, load(x + 128 * v + 32 * h)));
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high, load(x + 128 * v + 64 + 32 * h)));
       }
+      const __m256i dot = _mm256_add_epi32(load(x + 576 + 32 * h), _mm256_madd_epi16(pairs, ones));
       acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w.scales[h], _mm256_load_ps(reinterpret_cast<const float*>(x + 512 + 32 * h))), acc);
     }
     return acc;
