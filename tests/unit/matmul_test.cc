@@ -253,6 +253,7 @@ TEST(Matmul, LongRowsStayWithinTolerance) {
       check_matmul(rng, 7, 37, 6144 + 13, format);  // decode cuts these rows into K chunks
       check_matmul(rng, 16, 11, 6144 + 13, format);  // two token tiles over K chunks
       check_matmul(rng, 21, 13, 6144 + 13, format);  // prefill tiles over long rows
+      check_matmul(rng, 37, 150, 1536 + 3, format);  // bf16 prefill panels: two blocks of rows, an odd K
       check_matmul(rng, 1, 19, 12288 + 5, format);
       check_matmul(rng, 1, 70, 1536, format);
       if (HasFatalFailure()) return;

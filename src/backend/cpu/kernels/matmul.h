@@ -155,6 +155,9 @@ void matmul_q8_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t r
 void matmul_f32_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_bf16_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_bf16_avx512bf16(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+// Prefill (tokens above the batch tiles' 16): weight rows packed into pair-interleaved panels, output
+// rows in the lanes (prefill_panels_avx512.cc).
+void prefill_bf16_panels_avx512bf16(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q8_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q4_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q4_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);

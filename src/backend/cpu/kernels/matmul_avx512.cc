@@ -9,7 +9,8 @@
 // Decode of one token streams one weight row at a time, with software prefetch (K cut into chunks when
 // the activations outgrow L1); 2-16 tokens take tiles of up to 8 tokens x 3 rows (run_batch; q8 and q4:
 // 4 tokens x 3 rows of superblocks, superblock_tile); prefill walks L2-sized blocks of rows with tiles
-// of up to 6 tokens x 4 rows (vdpbf16ps: 24 accumulators, 10 loads per 24 multiply-adds).
+// of up to 6 tokens x 4 rows. bf16 prefill with vdpbf16ps does not come here: it packs the weights into
+// panels with the output rows in the lanes (prefill_panels_avx512.cc).
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (GCC bug 105593) once they are inlined into these kernels.
@@ -627,6 +628,7 @@ void matmul_bf16_avx512(const MatmulOperands& operands, int64_t row_begin, int64
 }
 
 void matmul_bf16_avx512bf16(const MatmulOperands& operands, int64_t row_begin, int64_t row_end) {
+  if (operands.tokens > kBatchMaxTokens) return prefill_bf16_panels_avx512bf16(operands, row_begin, row_end);
   run<Bf16Dot>(operands, row_begin, row_end);
 }
 

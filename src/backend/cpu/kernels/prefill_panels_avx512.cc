@@ -1,0 +1,201 @@
+// Prefill products of bf16 weights with vdpbf16ps, output rows in the vector lanes (compiled with the
+// AVX-512 flags; see CMakeLists.txt and the note atop matmul_avx512.cc on why everything here stays in an
+// anonymous namespace).
+//
+// The tiles of matmul_avx512.cc put K in the lanes: each product needs a weight vector and an
+// activation vector, six tokens' activations of a long row (1536 x 6144's 72 KiB) come from L2 at every
+// step, and each sum ends in a horizontal reduction. Here a block of weight rows is first packed into
+// panels of 64 rows, pair-interleaved: for each pair of K values, the 64 rows' two bf16 as 64 u32, so one
+// 64-byte load holds one pair of 16 rows and vdpbf16ps multiplies it by one token's pair broadcast from
+// memory (a 4-byte load). A tile of 6 tokens x 64 rows keeps its 24 sums in registers over the whole of
+// K; per pair it reads 256 contiguous panel bytes and 6 broadcasts for 24 vdpbf16ps, so neither the
+// load ports nor L2 set the pace, and the sums are stored straight into the outputs' rows.
+//
+// Each output is one lane's chain of vdpbf16ps over K's pairs in order, the same whichever token tile,
+// panel or thread range it falls in, so splitting rows across threads never changes results (bitwise).
+
+// GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
+// uninitialised (GCC bug 105593) once they are inlined into these kernels.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "backend/cpu/kernels/matmul.h"
+
+namespace gemma4rt::kernels::detail {
+namespace {
+
+constexpr int kPanelVectors = 4;                    // output vectors of 16 rows
+constexpr int64_t kPanelRows = 16 * kPanelVectors;  // 64 rows per panel
+constexpr int kTileTokens = 6;                      // 24 sums + 4 weight vectors of the 32 registers
+// Packed bytes per block of rows (at least one panel): the block stays in L2 (1 MiB on Zen 4) while
+// every token tile sweeps it, so each weight byte comes from memory once per call.
+constexpr int64_t kBlockBytes = 512 * 1024;
+
+inline int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// A buffer per thread for the packed block, grown as needed and kept.
+struct FreeDeleter {
+  void operator()(void* pointer) const { std::free(pointer); }
+};
+uint32_t* panel_buffer(size_t bytes) {
+  thread_local std::unique_ptr<uint32_t, FreeDeleter> buffer;
+  thread_local size_t capacity = 0;
+  if (bytes > capacity) {
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    buffer.reset(static_cast<uint32_t*>(std::aligned_alloc(4096, rounded)));
+    if (!buffer) throw std::bad_alloc();
+    capacity = rounded;
+  }
+  return buffer.get();
+}
+
+// Transposes 16 vectors of 16 u32 in place: afterwards rows[j] holds element j of every input.
+inline void transpose16(__m512i (&rows)[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {
+    rows[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    rows[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    rows[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    rows[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // Within each 128-bit chunk c of rows[4q + s] now: element 4c + s of inputs 4q .. 4q + 3.
+#pragma GCC unroll 4
+  for (int s = 0; s < 4; ++s) {
+    t[s] = _mm512_shuffle_i32x4(rows[s], rows[4 + s], 0x88);
+    t[4 + s] = _mm512_shuffle_i32x4(rows[s], rows[4 + s], 0xDD);
+    t[8 + s] = _mm512_shuffle_i32x4(rows[8 + s], rows[12 + s], 0x88);
+    t[12 + s] = _mm512_shuffle_i32x4(rows[8 + s], rows[12 + s], 0xDD);
+  }
+#pragma GCC unroll 4
+  for (int s = 0; s < 4; ++s) {
+    rows[s] = _mm512_shuffle_i32x4(t[s], t[8 + s], 0x88);
+    rows[8 + s] = _mm512_shuffle_i32x4(t[s], t[8 + s], 0xDD);
+    rows[4 + s] = _mm512_shuffle_i32x4(t[4 + s], t[12 + s], 0x88);
+    rows[12 + s] = _mm512_shuffle_i32x4(t[4 + s], t[12 + s], 0xDD);
+  }
+}
+
+// Packs rows [r0, r0 + rows) of the bf16 matrix w ([.][cols]) into panels of kPanelRows: panel p, pair
+// j, row i at out[(p * pairs + j) * kPanelRows + i] holds W[r0 + 64p + i][2j .. 2j + 1] as one u32.
+// Rows past `rows` and the value past an odd `cols` are packed as zero.
+void pack_panels(const uint16_t* w, int64_t cols, int64_t r0, int64_t rows, uint32_t* out) {
+  const int64_t pairs = (cols + 1) / 2;
+  for (int64_t panel = 0; panel * kPanelRows < rows; ++panel) {
+    uint32_t* panel_out = out + panel * pairs * kPanelRows;
+    for (int64_t group = 0; group < kPanelVectors; ++group) {
+      const int64_t first = panel * kPanelRows + 16 * group;  // of the block's rows
+      const int64_t valid_rows = smaller(16, rows - first);
+      for (int64_t j0 = 0; j0 < pairs; j0 += 16) {
+        const int64_t values = smaller(32, cols - 2 * j0);
+        const __mmask32 mask = values >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << values) - 1u);
+        __m512i block[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) {
+          block[i] = i < valid_rows ? _mm512_maskz_loadu_epi16(mask, w + (r0 + first + i) * cols + 2 * j0) : _mm512_setzero_si512();
+        }
+        transpose16(block);
+        const int64_t count = smaller(16, pairs - j0);
+        for (int64_t j = 0; j < count; ++j) _mm512_store_si512(panel_out + (j0 + j) * kPanelRows + 16 * group, block[j]);
+      }
+    }
+  }
+}
+
+// Tokens [t0, t0 + MT) x one packed panel of `rows` (<= 64) valid rows starting at output row r0.
+template <int MT>
+void panel_tile(const MatmulOperands& op, int64_t t0, const uint32_t* panel, int64_t pairs, int64_t r0, int64_t rows) {
+  const uint16_t* x[MT];
+#pragma GCC unroll 8
+  for (int t = 0; t < MT; ++t) x[t] = static_cast<const uint16_t*>(op.x) + (t0 + t) * op.x_stride;
+  __m512 acc[MT][kPanelVectors];
+#pragma GCC unroll 8
+  for (int t = 0; t < MT; ++t) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kPanelVectors; ++v) acc[t][v] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < pairs; ++j) {
+    __m512bh w[kPanelVectors];
+#pragma GCC unroll 4
+    for (int v = 0; v < kPanelVectors; ++v) w[v] = (__m512bh)_mm512_load_si512(panel + j * kPanelRows + 16 * v);
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) {
+      int32_t bits;  // the token's values 2j and 2j + 1 (zero padding past cols)
+      std::memcpy(&bits, x[t] + 2 * j, sizeof bits);
+      const __m512bh pair = (__m512bh)_mm512_set1_epi32(bits);
+#pragma GCC unroll 4
+      for (int v = 0; v < kPanelVectors; ++v) acc[t][v] = _mm512_dpbf16_ps(acc[t][v], w[v], pair);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < MT; ++t) {
+    float* out = op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row;
+#pragma GCC unroll 4
+    for (int v = 0; v < kPanelVectors; ++v) {
+      const int64_t valid = rows - 16 * v;
+      if (valid >= 16) {
+        _mm512_storeu_ps(out + 16 * v, acc[t][v]);
+      } else if (valid > 0) {
+        _mm512_mask_storeu_ps(out + 16 * v, static_cast<__mmask16>((1u << valid) - 1u), acc[t][v]);
+      }
+    }
+  }
+}
+
+template <int MT>
+void tile_for_tokens(int64_t token_count, const MatmulOperands& op, int64_t t0, const uint32_t* panel, int64_t pairs, int64_t r0,
+                     int64_t rows) {
+  if constexpr (MT > 1) {
+    if (token_count < MT) return tile_for_tokens<MT - 1>(token_count, op, t0, panel, pairs, r0, rows);
+  }
+  panel_tile<MT>(op, t0, panel, pairs, r0, rows);
+}
+
+}  // namespace
+
+void prefill_bf16_panels_avx512bf16(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  if (row_begin >= row_end || op.tokens <= 0) return;
+  const int64_t pairs = (op.cols + 1) / 2;
+  const int64_t panel_bytes = pairs * kPanelRows * 4;
+  const int64_t block_panels = kBlockBytes / panel_bytes > 1 ? kBlockBytes / panel_bytes : 1;
+  const int64_t block_rows = block_panels * kPanelRows;
+  uint32_t* packed = panel_buffer(static_cast<size_t>(block_panels * panel_bytes));
+  const auto* w = static_cast<const uint16_t*>(op.w);
+  const int64_t row_bytes = op.cols * 2;
+  // Token tiles of equal size (512 tokens: 82 of 6 and 4 of 5), none left with a token or two.
+  const int64_t tiles = (op.tokens + kTileTokens - 1) / kTileTokens;
+  for (int64_t block = row_begin; block < row_end; block += block_rows) {
+    const int64_t rows = smaller(block_rows, row_end - block);
+    pack_panels(w, op.cols, block, rows, packed);
+    // The next block's rows are one contiguous range of the weights: while this block's tiles run,
+    // each prefetches its share into L2, so the next packing reads from cache, not memory.
+    const auto* next = reinterpret_cast<const char*>(w + (block + rows) * op.cols);
+    const int64_t next_bytes = smaller(block_rows, row_end - block - rows) * row_bytes;
+    const int64_t prefetch_step = (next_bytes / tiles + 63) / 64 * 64;
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t t0 = op.tokens * tile / tiles, t1 = op.tokens * (tile + 1) / tiles;
+      for (int64_t offset = tile * prefetch_step; offset < smaller((tile + 1) * prefetch_step, next_bytes); offset += 64) {
+        _mm_prefetch(next + offset, _MM_HINT_T1);
+      }
+      for (int64_t panel = 0; panel * kPanelRows < rows; ++panel) {
+        tile_for_tokens<kTileTokens>(t1 - t0, op, t0, packed + panel * pairs * kPanelRows, pairs, block + panel * kPanelRows,
+                                     smaller(kPanelRows, rows - panel * kPanelRows));
+      }
+    }
+  }
+}
+
+}  // namespace gemma4rt::kernels::detail
