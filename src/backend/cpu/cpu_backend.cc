@@ -1,5 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
+
 #include "backend/cpu/kernels/vector_ops.h"
 #include "backend/host/isa.h"
 #include "backend/reference/kernels.h"
@@ -8,6 +10,12 @@ namespace gemma4rt::backend {
 namespace {
 
 constexpr int64_t kMatmulRowsPerTask = 16;
+// Decode steps (up to the batch tiles' 16 tokens) stream the weights: their rows are shared with
+// stealing (StealingRanges) in chunks of about this many weight bytes, a multiple of 48 rows (the
+// batch kernels stage outputs 48 rows at a time).
+constexpr int64_t kStealChunkBytes = 64 * 1024;
+constexpr int64_t kStealChunkRows = 48;
+constexpr int kMaxStealingTokens = 16;
 // Below this many multiply-adds a matrix product runs on the calling thread: waking the pool costs more.
 constexpr int64_t kMinParallelMultiplyAdds = int64_t{1} << 16;
 
@@ -32,6 +40,12 @@ void CpuBackend::store_weight(int32_t id, const TensorView& view, WeightFormat f
   weights_[static_cast<size_t>(id)] = backend::prepare_weight(view, format, pool());
 }
 
+int64_t CpuBackend::steal_chunk_rows(const PreparedWeight& weight) {
+  const int64_t row_bytes = std::max<int64_t>(1, static_cast<int64_t>(weight.read_bytes()) / std::max<int64_t>(1, weight.matrix.rows));
+  const int64_t rows = (kStealChunkBytes / row_bytes + kStealChunkRows - 1) / kStealChunkRows * kStealChunkRows;
+  return std::max(rows, kStealChunkRows);
+}
+
 bool CpuBackend::worth_threads(const kernels::WeightMatrix& matrix, int rows) {
   return matrix.rows * matrix.cols * rows >= kMinParallelMultiplyAdds;
 }
@@ -54,7 +68,16 @@ void CpuBackend::multiply(const float* x, int rows, int32_t id, float* y) {
     kernels::matmul(prepared_, matrix, y, out, 0, out);
     return;
   }
-  pool().parallel_for(out, kMatmulRowsPerTask, [&](int64_t first, int64_t last) { kernels::matmul(prepared_, matrix, y, out, first, last); });
+  if (rows > kMaxStealingTokens) {
+    pool().parallel_for(out, kMatmulRowsPerTask, [&](int64_t first, int64_t last) { kernels::matmul(prepared_, matrix, y, out, first, last); });
+    return;
+  }
+  if (steals_.empty()) steals_.resize(1);
+  steals_[0].reset(out, kMatmulRowsPerTask, steal_chunk_rows(weights_[static_cast<size_t>(id)]), pool().size());
+  pool().run([&](int thread, int) {
+    ThreadPool::Range chunk;
+    while (steals_[0].next(thread, chunk)) kernels::matmul(prepared_, matrix, y, out, chunk.begin, chunk.end);
+  });
 }
 
 // Products of one input share its preparation and one fork-join: each thread takes its rows of every
@@ -70,11 +93,27 @@ void CpuBackend::multiply_each(const float* x, int rows, std::span<const int32_t
   }
   if (!joined) return HostBackend::multiply_each(x, rows, ids, ys);
   prepare_input(x, rows, first, true);
-  pool().run([&](int thread, int threads) {
+  if (rows > kMaxStealingTokens) {
+    pool().run([&](int thread, int threads) {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const kernels::WeightMatrix& matrix = weights_[static_cast<size_t>(ids[i])].matrix;
+        const ThreadPool::Range range = ThreadPool::share(matrix.rows, kMatmulRowsPerTask, thread, threads);
+        if (range.begin < range.end) kernels::matmul(prepared_, matrix, ys[i], matrix.rows, range.begin, range.end);
+      }
+    });
+    return;
+  }
+  // Each weight's rows with stealing: a thread done early with one helps finish it, then both go on.
+  if (steals_.size() < ids.size()) steals_.resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const PreparedWeight& weight = weights_[static_cast<size_t>(ids[i])];
+    steals_[i].reset(weight.matrix.rows, kMatmulRowsPerTask, steal_chunk_rows(weight), pool().size());
+  }
+  pool().run([&](int thread, int) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const kernels::WeightMatrix& matrix = weights_[static_cast<size_t>(ids[i])].matrix;
-      const ThreadPool::Range range = ThreadPool::share(matrix.rows, kMatmulRowsPerTask, thread, threads);
-      if (range.begin < range.end) kernels::matmul(prepared_, matrix, ys[i], matrix.rows, range.begin, range.end);
+      ThreadPool::Range chunk;
+      while (steals_[i].next(thread, chunk)) kernels::matmul(prepared_, matrix, ys[i], matrix.rows, chunk.begin, chunk.end);
     }
   });
 }

@@ -3,12 +3,14 @@
 // default, and the matrix work spread over the host backend's thread pool.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <vector>
 
 #include "backend/cpu/kernels/matmul.h"
 #include "backend/cpu/prepared_weight.h"
 #include "backend/host/host_backend.h"
+#include "core/stealing_ranges.h"
 
 namespace gemma4rt::backend {
 
@@ -46,9 +48,12 @@ class CpuBackend : public HostBackend {
   // Whether a product of `rows` input rows is large enough to be worth waking the pool for.
   static bool worth_threads(const kernels::WeightMatrix& matrix, int rows);
   void prepare_input(const float* x, int rows, const kernels::WeightMatrix& matrix, bool threaded);
+  // Rows per stolen chunk of a decode step's product of `weight`.
+  static int64_t steal_chunk_rows(const PreparedWeight& weight);
 
   std::vector<PreparedWeight> weights_;
   kernels::PreparedActivations prepared_;
+  std::deque<StealingRanges> steals_;  // one per weight of a decode step's product (a deque: not movable)
 };
 
 }  // namespace gemma4rt::backend
