@@ -10,9 +10,9 @@ namespace gemma4rt::backend {
 namespace {
 
 constexpr int64_t kMatmulRowsPerTask = 16;
-// Decode steps (up to the batch tiles' 16 tokens) stream the weights: their rows are shared with
-// stealing (StealingRanges) in chunks of about this many weight bytes, a multiple of 48 rows (the
-// batch kernels stage outputs 48 rows at a time).
+// Decode steps (up to the batch tiles' 16 tokens) stream the weights: a thread steals the other's rows
+// in chunks of about this many weight bytes, a multiple of 48 rows (the batch kernels stage outputs 48
+// rows at a time).
 constexpr int64_t kStealChunkBytes = 64 * 1024;
 constexpr int64_t kStealChunkRows = 48;
 constexpr int kMaxStealingTokens = 16;
@@ -61,23 +61,13 @@ void CpuBackend::prepare_input(const float* x, int rows, const kernels::WeightMa
 
 void CpuBackend::multiply(const float* x, int rows, int32_t id, float* y) {
   const kernels::WeightMatrix& matrix = weights_[static_cast<size_t>(id)].matrix;
-  const int64_t out = matrix.rows;
   const bool threaded = worth_threads(matrix, rows);
   prepare_input(x, rows, matrix, threaded);
   if (!threaded) {
-    kernels::matmul(prepared_, matrix, y, out, 0, out);
+    kernels::matmul(prepared_, matrix, y, matrix.rows, 0, matrix.rows);
     return;
   }
-  if (rows > kMaxStealingTokens) {
-    pool().parallel_for(out, kMatmulRowsPerTask, [&](int64_t first, int64_t last) { kernels::matmul(prepared_, matrix, y, out, first, last); });
-    return;
-  }
-  if (steals_.empty()) steals_.resize(1);
-  steals_[0].reset(out, kMatmulRowsPerTask, steal_chunk_rows(weights_[static_cast<size_t>(id)]), pool().size());
-  pool().run([&](int thread, int) {
-    ThreadPool::Range chunk;
-    while (steals_[0].next(thread, chunk)) kernels::matmul(prepared_, matrix, y, out, chunk.begin, chunk.end);
-  });
+  run_products(rows, std::span<const int32_t>(&id, 1), std::span<float* const>(&y, 1));
 }
 
 // Products of one input share its preparation and one fork-join: each thread takes its rows of every
@@ -93,21 +83,19 @@ void CpuBackend::multiply_each(const float* x, int rows, std::span<const int32_t
   }
   if (!joined) return HostBackend::multiply_each(x, rows, ids, ys);
   prepare_input(x, rows, first, true);
-  if (rows > kMaxStealingTokens) {
-    pool().run([&](int thread, int threads) {
-      for (size_t i = 0; i < ids.size(); ++i) {
-        const kernels::WeightMatrix& matrix = weights_[static_cast<size_t>(ids[i])].matrix;
-        const ThreadPool::Range range = ThreadPool::share(matrix.rows, kMatmulRowsPerTask, thread, threads);
-        if (range.begin < range.end) kernels::matmul(prepared_, matrix, ys[i], matrix.rows, range.begin, range.end);
-      }
-    });
-    return;
-  }
-  // Each weight's rows with stealing: a thread done early with one helps finish it, then both go on.
+  run_products(rows, ids, ys);
+}
+
+// Each weight's rows are split as ThreadPool::share splits them, with stealing: a decode step's thread
+// done early with its rows takes chunks from the back of the other's, then both go on to the next
+// weight. A prompt's threads take their whole ranges at once (the tiles want long contiguous ranges,
+// and compute-bound halves finish together).
+void CpuBackend::run_products(int rows, std::span<const int32_t> ids, std::span<float* const> ys) {
   if (steals_.size() < ids.size()) steals_.resize(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const PreparedWeight& weight = weights_[static_cast<size_t>(ids[i])];
-    steals_[i].reset(weight.matrix.rows, kMatmulRowsPerTask, steal_chunk_rows(weight), pool().size());
+    const int64_t chunk = rows > kMaxStealingTokens ? weight.matrix.rows : steal_chunk_rows(weight);
+    steals_[i].reset(weight.matrix.rows, kMatmulRowsPerTask, chunk, pool().size());
   }
   pool().run([&](int thread, int) {
     for (size_t i = 0; i < ids.size(); ++i) {

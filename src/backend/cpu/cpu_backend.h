@@ -48,12 +48,14 @@ class CpuBackend : public HostBackend {
   // Whether a product of `rows` input rows is large enough to be worth waking the pool for.
   static bool worth_threads(const kernels::WeightMatrix& matrix, int rows);
   void prepare_input(const float* x, int rows, const kernels::WeightMatrix& matrix, bool threaded);
+  // The products of the prepared input with weights `ids` into `ys`, on the pool.
+  void run_products(int rows, std::span<const int32_t> ids, std::span<float* const> ys);
   // Rows per stolen chunk of a decode step's product of `weight`.
   static int64_t steal_chunk_rows(const PreparedWeight& weight);
 
   std::vector<PreparedWeight> weights_;
   kernels::PreparedActivations prepared_;
-  std::deque<StealingRanges> steals_;  // one per weight of a decode step's product (a deque: not movable)
+  std::deque<StealingRanges> steals_;  // one per weight of run_products (a deque: they cannot move)
 };
 
 }  // namespace gemma4rt::backend
