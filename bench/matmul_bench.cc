@@ -364,6 +364,10 @@ const bool kRegistered = [] {
     for (const Shape& shape : kPrefillShapes) {
       add_matmul("Prefill", {WeightFormat::kBF16, detected_isa(), shape.rows, shape.cols, 512, threads, false});
     }
+    // Short prompts and a server step's mix of prompt and decode rows: just past the batch tiles' 16.
+    for (int64_t tokens : {17, 24, 32, 48, 64, 128}) {
+      add_matmul("Prefill", {WeightFormat::kBF16, detected_isa(), 6144, 1536, tokens, threads, false});
+    }
     for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
       for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2}) {
         if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
