@@ -118,10 +118,7 @@ Buffer allocate(size_t bytes) {
 // The engine's own read loop for the widest ISA this CPU has (backend/host/bandwidth.h): the probe
 // must run on every machine the kernels do, AVX2-only ones included.
 float read_stream(const std::byte* data, size_t bytes) {
-  const auto* values = reinterpret_cast<const float*>(data);
-  if (detected_isa() >= Isa::kAvx512) return read_stream_avx512(values, bytes);
-  if (detected_isa() >= Isa::kAvx2) return read_stream_avx2(values, bytes);
-  return read_stream_scalar(values, bytes);
+  return read_stream_for(detected_isa())(reinterpret_cast<const float*>(data), bytes);
 }
 
 constexpr size_t kProbeBytes = size_t{1} << 30;

@@ -1,6 +1,7 @@
 // Helpers shared by the tests: running the gemma4rt binary, reading JSON fixtures, scratch folders.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -38,6 +39,12 @@ int vulkan_test_device();
 std::string test_identifier(std::string text);
 // For suites parameterised by one string (model or shape names).
 inline std::string string_param_name(const ::testing::TestParamInfo<std::string>& info) { return test_identifier(info.param); }
+
+// A cheap reproducible value in [-0.5, 0.5): the next step of a linear congruential generator.
+inline float next_centered(uint32_t& seed) {
+  seed = seed * 1664525u + 1013904223u;
+  return static_cast<float>(seed >> 8) / 16777216.0f - 0.5f;
+}
 
 }  // namespace gemma4rt::testing
 

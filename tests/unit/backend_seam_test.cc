@@ -276,7 +276,7 @@ TEST(BackendRegistry, CpuMatmulEachMatchesSeparateProducts) {
       uint32_t seed = 3;
       for (const auto& [rows, cols] : shapes) {
         values.emplace_back(static_cast<size_t>(rows * cols));
-        for (float& value : values.back()) value = static_cast<float>((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+        for (float& value : values.back()) value = testing::next_centered(seed);
         TensorView view;
         view.name = "w";
         view.dtype = DType::kF32;
@@ -286,7 +286,7 @@ TEST(BackendRegistry, CpuMatmulEachMatchesSeparateProducts) {
       }
       for (const int rows : {1, 20}) {
         std::vector<float> input(static_cast<size_t>(rows) * 704);
-        for (float& value : input) value = static_cast<float>((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+        for (float& value : input) value = testing::next_centered(seed);
         const Buffer x = cpu->allocate(input.size() * sizeof(float));
         cpu->upload(x, 0, input.data(), input.size() * sizeof(float));
         std::vector<Buffer> together, alone;
@@ -316,7 +316,7 @@ TEST(BackendRegistry, RowWiseOpsOnTwoThreadsMatchOneThread) {
   uint32_t seed = 11;
   auto random_values = [&](size_t count) {
     std::vector<float> values(count);
-    for (float& value : values) value = static_cast<float>((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    for (float& value : values) value = testing::next_centered(seed);
     return values;
   };
   const std::vector<float> x = random_values(static_cast<size_t>(kRows) * kWidth);

@@ -31,8 +31,12 @@ ReadProbe::ReadProbe(ThreadPool& pool, size_t buffer_bytes) : pool_(pool) {
   pool.run([&](int thread, int) { std::memset(reinterpret_cast<char*>(buffer_.get()) + share * thread, 1, share); });
 }
 
+ReadStream read_stream_for(Isa isa) {
+  return isa >= Isa::kAvx512 ? read_stream_avx512 : isa >= Isa::kAvx2 ? read_stream_avx2 : read_stream_scalar;
+}
+
 double ReadProbe::measure(int repeats) {
-  auto stream = active_isa() >= Isa::kAvx512 ? read_stream_avx512 : active_isa() >= Isa::kAvx2 ? read_stream_avx2 : read_stream_scalar;
+  const ReadStream stream = read_stream_for(active_isa());
   const size_t share = bytes_ / pool_.size();
   double best = 0.0;
   volatile float sink = 0.0f;

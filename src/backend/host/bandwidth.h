@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "backend/host/isa.h"
 #include "core/thread_pool.h"
 
 namespace gemma4rt::kernels {
@@ -33,5 +34,8 @@ class ReadProbe {
 float read_stream_scalar(const float* data, size_t bytes);
 float read_stream_avx2(const float* data, size_t bytes);
 float read_stream_avx512(const float* data, size_t bytes);
+// The widest of the three that instruction set level `isa` runs.
+using ReadStream = float (*)(const float* data, size_t bytes);
+ReadStream read_stream_for(Isa isa);
 
 }  // namespace gemma4rt::kernels

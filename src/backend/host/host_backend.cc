@@ -135,16 +135,16 @@ void HostBackend::rope(Buffer queries, int query_heads, Buffer keys, int key_hea
   const int half = head_dim / 2;
   const int64_t row_elements = static_cast<int64_t>(query_heads + key_heads) * head_dim;
   for_rows(rows, row_elements, [&](int64_t first, int64_t last, int thread) {
-    float* cos = rope_cos_.data() + table_size * static_cast<size_t>(thread);
-    float* sin = rope_sin_.data() + table_size * static_cast<size_t>(thread);
+    float* cosines = rope_cos_.data() + table_size * static_cast<size_t>(thread);
+    float* sines = rope_sin_.data() + table_size * static_cast<size_t>(thread);
     for (int64_t row = first; row < last; ++row) {
       for (int i = 0; i < half; ++i) {
         const float angle = static_cast<float>(table[row].position) * frequencies[i];
-        cos[i] = cos[i + half] = std::cos(angle);
-        sin[i] = sin[i + half] = std::sin(angle);
+        cosines[i] = cosines[i + half] = std::cos(angle);
+        sines[i] = sines[i + half] = std::sin(angle);
       }
-      rotate_heads(data(queries) + row * query_heads * head_dim, query_heads, head_dim, cos, sin);
-      if (key_heads > 0) rotate_heads(data(keys) + row * key_heads * head_dim, key_heads, head_dim, cos, sin);
+      rotate_heads(data(queries) + row * query_heads * head_dim, query_heads, head_dim, cosines, sines);
+      if (key_heads > 0) rotate_heads(data(keys) + row * key_heads * head_dim, key_heads, head_dim, cosines, sines);
     }
   });
 }
