@@ -296,6 +296,39 @@ TEST(Matmul, RowSplitsGiveBitwiseIdenticalResults) {
   }
 }
 
+// A decode step of several sequences must give each one the bits it gets alone: every token of a
+// product of up to 16 tokens (multi-token tiles) equals the same token's product alone (the single-row
+// GEMV), on rows short enough for one pass over K and long enough to be cut into K chunks.
+TEST(Matmul, EachTokenOfABatchGetsTheBitsItGetsAlone) {
+  IsaGuard guard;
+  std::mt19937 rng(17);
+  for (Isa level : runnable_levels()) {
+    set_active_isa(level);
+    for (WeightFormat format : kFormats) {
+      for (const int64_t cols : {int64_t{161}, int64_t{1536}, int64_t{12288 + 5}}) {
+        const int64_t rows = 29;
+        const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, format);
+        for (const int64_t tokens : {2, 3, 5, 8, 11, 16}) {
+          SCOPED_TRACE(testing::Message() << isa_name(level) << " " << format_name(format) << " tokens " << tokens
+                                          << " cols " << cols);
+          const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
+          PreparedActivations prepared;
+          prepared.prepare(x.data(), tokens, cols, format);
+          std::vector<float> batched(static_cast<size_t>(tokens * rows));
+          matmul(prepared, weights.matrix, batched.data(), rows, 0, rows);
+          for (int64_t t = 0; t < tokens; ++t) {
+            PreparedActivations single;
+            single.prepare(x.data() + t * cols, 1, cols, format);
+            std::vector<float> alone(static_cast<size_t>(rows));
+            matmul(single, weights.matrix, alone.data(), rows, 0, rows);
+            ASSERT_EQ(std::memcmp(alone.data(), batched.data() + t * rows, alone.size() * sizeof(float)), 0) << "token " << t;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, QuantizeRoundTripWithinHalfAStep) {
   IsaGuard guard;
   std::mt19937 rng(5);

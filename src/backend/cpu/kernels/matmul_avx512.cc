@@ -258,7 +258,7 @@ constexpr int64_t weight_bytes_of(int64_t values) { return values * P::kWeightBi
 // in memory between them, so it performs exactly the operations of a single call.
 struct KRange {
   int64_t begin = 0, end = 0;     // multiples of kStep, except end == cols: this call finishes the sums
-  __m512* carried = nullptr;      // [chains][MT][NR] accumulators, when [begin, end) is not all of K
+  __m512* carried = nullptr;      // [MT][NR] accumulators, when [begin, end) is not all of K
   int64_t prefetch_offset = 0;    // bytes from each weight load to the line prefetched (0: none)
 };
 
@@ -280,22 +280,16 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
   typename P::Token tokens[MT];
   tile_operands<P, MT, NR>(op, t0, r0, row_count, rows, tokens);
 
-  // Small tiles (decode of one or two tokens) alternate two accumulator sets over the k steps, so the
-  // chain of dependent multiply-adds never limits how fast a stalled weight stream can catch up.
-  constexpr int kChains = MT * NR <= 2 ? 2 : 1;
-  __m512 acc[kChains][MT][NR];
+  // One chain per output, also for a single token: its sums are then those of any multi-token tile, so
+  // a sequence decoding alone gets the bits it gets batched with others (steps of up to 16 rows).
+  __m512 acc[MT][NR];
   const bool resume = range.carried != nullptr && range.begin > 0;
 #pragma GCC unroll 8
-  for (int c = 0; c < kChains; ++c) {
+  for (int t = 0; t < MT; ++t) {
 #pragma GCC unroll 8
-    for (int t = 0; t < MT; ++t) {
-#pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) {
-        acc[c][t][i] = resume ? _mm512_load_ps(range.carried + (c * MT + t) * NR + i) : _mm512_setzero_ps();
-      }
-    }
+    for (int i = 0; i < NR; ++i) acc[t][i] = resume ? _mm512_load_ps(range.carried + t * NR + i) : _mm512_setzero_ps();
   }
-  auto step = [&](__m512 (&sums)[MT][NR], int64_t k) {
+  auto step = [&](int64_t k) {
     if (range.prefetch_offset != 0) {
 #pragma GCC unroll 8
       for (int i = 0; i < NR; ++i) P::prefetch(rows[i], k, range.prefetch_offset);
@@ -307,7 +301,7 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
     for (int t = 0; t < MT; ++t) {
       const typename P::XVec x = P::load_x(tokens[t], k);
 #pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) sums[t][i] = P::madd(sums[t][i], x, w[i]);
+      for (int i = 0; i < NR; ++i) acc[t][i] = P::madd(acc[t][i], x, w[i]);
     }
   };
 
@@ -315,21 +309,12 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
   const int64_t full = cols - cols % P::kStep;
   const int64_t stop = range.end < full ? range.end : full;
   int64_t k = range.begin;
-  if constexpr (kChains == 2) {
-    for (; k + 2 * P::kStep <= stop; k += 2 * P::kStep) {
-      step(acc[0], k);
-      step(acc[1], k + P::kStep);
-    }
-  }
-  for (; k < stop; k += P::kStep) step(acc[0], k);
+  for (; k < stop; k += P::kStep) step(k);
   if (range.end < cols) {
 #pragma GCC unroll 8
-    for (int c = 0; c < kChains; ++c) {
+    for (int t = 0; t < MT; ++t) {
 #pragma GCC unroll 8
-      for (int t = 0; t < MT; ++t) {
-#pragma GCC unroll 8
-        for (int i = 0; i < NR; ++i) _mm512_store_ps(range.carried + (c * MT + t) * NR + i, acc[c][t][i]);
-      }
+      for (int i = 0; i < NR; ++i) _mm512_store_ps(range.carried + t * NR + i, acc[t][i]);
     }
     return;
   }
@@ -341,14 +326,7 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
     for (int t = 0; t < MT; ++t) {
       const typename P::XVec x = P::load_x(tokens[t], k);
 #pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) acc[0][t][i] = P::madd(acc[0][t][i], x, w[i]);
-    }
-  }
-  if constexpr (kChains == 2) {
-#pragma GCC unroll 8
-    for (int t = 0; t < MT; ++t) {
-#pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) acc[0][t][i] = _mm512_add_ps(acc[0][t][i], acc[1][t][i]);
+      for (int i = 0; i < NR; ++i) acc[t][i] = P::madd(acc[t][i], x, w[i]);
     }
   }
 
@@ -357,8 +335,8 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
 #pragma GCC unroll 8
     for (int t = 0; t < MT; t += 4) {
       alignas(16) float sums[4];
-      _mm_store_ps(sums, reduce4(acc[0][t][0], t + 1 < MT ? acc[0][t + 1][0] : zero, t + 2 < MT ? acc[0][t + 2][0] : zero,
-                                 t + 3 < MT ? acc[0][t + 3][0] : zero));
+      _mm_store_ps(sums, reduce4(acc[t][0], t + 1 < MT ? acc[t + 1][0] : zero, t + 2 < MT ? acc[t + 2][0] : zero,
+                                 t + 3 < MT ? acc[t + 3][0] : zero));
       for (int i = 0; i < 4 && t + i < MT; ++i) op.y[(t0 + t + i) * op.y_stride + r0 - op.y_first_row] = sums[i];
     }
   } else {  // four rows of one token at a time
@@ -367,8 +345,8 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
       float* out = op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row;
 #pragma GCC unroll 4
       for (int g = 0; g < NR; g += 4) {
-        const __m128 sums = reduce4(acc[0][t][g], g + 1 < NR ? acc[0][t][g + 1] : zero, g + 2 < NR ? acc[0][t][g + 2] : zero,
-                                    g + 3 < NR ? acc[0][t][g + 3] : zero);
+        const __m128 sums = reduce4(acc[t][g], g + 1 < NR ? acc[t][g + 1] : zero, g + 2 < NR ? acc[t][g + 2] : zero,
+                                    g + 3 < NR ? acc[t][g + 3] : zero);
         const int64_t valid = row_count - g;
         if (valid >= 4) {
           _mm_storeu_ps(out + g, sums);
@@ -523,7 +501,7 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   }
   // Long rows: the weights are read in segments of `chunk` values, row after row within a block, then
   // the next chunk. Each segment prefetches the one read after it, at the same offset.
-  alignas(64) __m512 carried[kDecodeBlockRows][2];  // a single-row tile's two accumulator chains
+  alignas(64) __m512 carried[kDecodeBlockRows];  // each row's sums between chunks
   const int64_t row_bytes = weight_bytes_of<P>(op.cols);
   for (int64_t block = row_begin; block < row_end; block += kDecodeBlockRows) {
     const int64_t block_rows = smaller(kDecodeBlockRows, row_end - block);
@@ -534,7 +512,7 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
         const int64_t next = i + 1 < block_rows ? here + row_bytes
                              : k1 < op.cols     ? block * row_bytes + weight_bytes_of<P>(k1)
                                                 : (block + block_rows) * row_bytes;
-        tile<P, 1, 1>(op, 0, block + i, 1, KRange{k0, k1, carried[i], next - here});
+        tile<P, 1, 1>(op, 0, block + i, 1, KRange{k0, k1, &carried[i], next - here});
       }
     }
   }
