@@ -272,6 +272,27 @@ inline void tile_operands(const MatmulOperands& op, int64_t t0, int64_t r0, int6
   for (int t = 0; t < MT; ++t) tokens[t] = P::token(op, t0 + t);
 }
 
+// A tile's sums at the start of `range`: those carried from the call before it, or zeros.
+template <int MT, int NR>
+inline void start_sums(const KRange& range, __m512 (&acc)[MT][NR]) {
+  const bool resume = range.carried != nullptr && range.begin > 0;
+#pragma GCC unroll 8
+  for (int t = 0; t < MT; ++t) {
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) acc[t][i] = resume ? _mm512_load_ps(range.carried + t * NR + i) : _mm512_setzero_ps();
+  }
+}
+
+// Keeps a tile's sums for the call that continues them over the rest of K.
+template <int MT, int NR>
+inline void carry_sums(const KRange& range, const __m512 (&acc)[MT][NR]) {
+#pragma GCC unroll 8
+  for (int t = 0; t < MT; ++t) {
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) _mm512_store_ps(range.carried + t * NR + i, acc[t][i]);
+  }
+}
+
 // Tokens [t0, t0 + MT) x rows [r0, r0 + row_count), row_count <= NR, over K range `range`. Missing rows
 // repeat the last valid one (read again from cache) and are not stored.
 template <class P, int MT, int NR>
@@ -283,12 +304,7 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
   // One chain per output, also for a single token: its sums are then those of any multi-token tile, so
   // a sequence decoding alone gets the bits it gets batched with others (steps of up to 16 rows).
   __m512 acc[MT][NR];
-  const bool resume = range.carried != nullptr && range.begin > 0;
-#pragma GCC unroll 8
-  for (int t = 0; t < MT; ++t) {
-#pragma GCC unroll 8
-    for (int i = 0; i < NR; ++i) acc[t][i] = resume ? _mm512_load_ps(range.carried + t * NR + i) : _mm512_setzero_ps();
-  }
+  start_sums(range, acc);
   auto step = [&](int64_t k) {
     if (range.prefetch_offset != 0) {
 #pragma GCC unroll 8
@@ -310,14 +326,7 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
   const int64_t stop = range.end < full ? range.end : full;
   int64_t k = range.begin;
   for (; k < stop; k += P::kStep) step(k);
-  if (range.end < cols) {
-#pragma GCC unroll 8
-    for (int t = 0; t < MT; ++t) {
-#pragma GCC unroll 8
-      for (int i = 0; i < NR; ++i) _mm512_store_ps(range.carried + t * NR + i, acc[t][i]);
-    }
-    return;
-  }
+  if (range.end < cols) return carry_sums(range, acc);
   if (k < cols) {  // activations are zero padded, so only the weights need masking
     typename P::WVec w[NR];
 #pragma GCC unroll 8
@@ -421,25 +430,13 @@ void superblock_tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t r
   typename P::Token tokens[MT];
   tile_operands<P, MT, NR>(op, t0, r0, row_count, rows, tokens);
   __m512 acc[MT][NR];
-  const bool resume = range.carried != nullptr && range.begin > 0;
-#pragma GCC unroll 8
-  for (int t = 0; t < MT; ++t) {
-#pragma GCC unroll 4
-    for (int i = 0; i < NR; ++i) acc[t][i] = resume ? _mm512_load_ps(range.carried + t * NR + i) : _mm512_setzero_ps();
-  }
+  start_sums(range, acc);
   const int64_t cols = op.cols;
   const int64_t full = cols - cols % P::kStep;
   const int64_t stop = range.end < full ? range.end : full;
   int64_t k = range.begin;
   for (; k < stop; k += P::kStep) superblock_step<P, MT, NR, false>(rows, tokens, k, 16, range.prefetch_offset, acc);
-  if (range.end < cols) {
-#pragma GCC unroll 8
-    for (int t = 0; t < MT; ++t) {
-#pragma GCC unroll 4
-      for (int i = 0; i < NR; ++i) _mm512_store_ps(range.carried + t * NR + i, acc[t][i]);
-    }
-    return;
-  }
+  if (range.end < cols) return carry_sums(range, acc);
   if (k < cols) superblock_step<P, MT, NR, true>(rows, tokens, k, tail_blocks(cols - k), 0, acc);
   const __m512 zero = _mm512_setzero_ps();
 #pragma GCC unroll 8
