@@ -190,6 +190,9 @@ class Backend {
   virtual void softcap(Buffer values, int64_t count, float cap) = 0;   // v = tanh(v / cap) * cap
   // ids[r] = the index of row r's largest value (the lowest on ties); ids int32.
   virtual void argmax(Buffer values, int rows, int width, Buffer ids) = 0;
+  // out[r] = log(sum_i exp(values[r][i])): the log of the softmax normaliser of row r, so that a token's
+  // log-probability is its value minus out[r] (logprobs without reading the row on the host).
+  virtual void log_sum_exp(Buffer values, int rows, int width, Buffer out) = 0;
 
   // ---- tensor parallelism: collectives on backend buffers, through the communicator
   virtual void all_reduce_sum(Buffer values, int64_t count, parallel::Communicator& communicator) = 0;

@@ -30,6 +30,7 @@ BatchScheduler::BatchScheduler(Transformer& transformer, const Options& options)
     fail("the engine's chunk of {} rows cannot hold one decode row for each of {} sequences", max_rows, transformer.sequences());
   }
   logits_.resize(static_cast<size_t>(transformer.sequences()) * transformer.config().vocab_size);
+  log_normalisers_.resize(static_cast<size_t>(transformer.sequences()));
   engine_thread_ = std::thread([this] { engine_loop(); });
 }
 
@@ -217,7 +218,8 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
     greedy_ids_.resize(logit_rows_.size());
     transformer_.forward_greedy(rows_, logit_rows_, greedy_ids_.data());
   } else {
-    transformer_.forward(rows_, logit_rows_, logits_.data());
+    const bool logprobs = std::any_of(sampled.begin(), sampled.end(), [](const Sequence* sequence) { return sequence->request.top_logprobs >= 0; });
+    transformer_.forward(rows_, logit_rows_, logits_.data(), logprobs ? log_normalisers_.data() : nullptr);
   }
   // The rows are in the cache now: each decode row advanced its sequence by one position.
   for (Sequence* sequence : decoding) ++sequence->position;
@@ -232,7 +234,8 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
     Sequence& sequence = *sampled[index];
     // From here on a failure belongs to this sequence alone (its sampler, its callbacks).
     try {
-      emit(sequence, argmax_only ? nullptr : logits_.data() + index * vocab, argmax_only ? &greedy_ids_[index] : nullptr);
+      if (argmax_only) emit(sequence, nullptr, 0.0f, &greedy_ids_[index]);
+      else emit(sequence, logits_.data() + index * vocab, log_normalisers_[index], nullptr);
     } catch (const std::exception& error) {
       if (!sequence.finished) finish(sequence, "error", error.what());
     }
@@ -241,16 +244,14 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
   if (seconds > 0) recent_tokens_per_second_.store(static_cast<double>(sampled.size()) / seconds);
 }
 
-void BatchScheduler::emit(Sequence& sequence, float* logits, const int32_t* greedy_id) {
+void BatchScheduler::emit(Sequence& sequence, float* logits, float log_normaliser, const int32_t* greedy_id) {
   const int vocab = transformer_.config().vocab_size;
   const SequenceRequest& request = sequence.request;
   TokenEvent event;
   if (request.top_logprobs >= 0) {
     // Log-probabilities of the model itself: the softcapped logits, before penalties and temperature.
-    float log_total = 0.0f;
-    std::vector<TokenLogprob> best = top_logprobs(std::span<const float>(logits, vocab), request.top_logprobs, log_total);
-    event.top_logprobs = std::move(best);
-    event.logprob = log_total;  // replaced by the chosen token's value below
+    event.top_logprobs = top_logprobs(std::span<const float>(logits, vocab), request.top_logprobs, log_normaliser);
+    event.logprob = log_normaliser;  // replaced by the chosen token's value below
   }
   if (request.presence_penalty != 0.0f || request.frequency_penalty != 0.0f) {
     for (const auto& [token, count] : sequence.counts) {

@@ -93,8 +93,9 @@ class BatchScheduler {
   struct Sequence;
   void engine_loop();
   void step(std::vector<std::unique_ptr<Sequence>>& running);
-  // One sampled row's token: logprobs, penalties, sampling (or the device's argmax), callbacks.
-  void emit(Sequence& sequence, float* logits, const int32_t* greedy_id);
+  // One sampled row's token: logprobs, penalties, sampling (or the device's argmax), callbacks. With
+  // logits comes their log normaliser (log-sum-exp, from the device).
+  void emit(Sequence& sequence, float* logits, float log_normaliser, const int32_t* greedy_id);
   void finish(Sequence& sequence, const std::string& reason, const std::string& error = {});
 
   Transformer& transformer_;
@@ -112,6 +113,7 @@ class BatchScheduler {
   std::atomic<double> recent_tokens_per_second_{0.0};
   std::thread engine_thread_;
   std::vector<float> logits_;
+  std::vector<float> log_normalisers_;
   std::vector<int32_t> greedy_ids_;
   std::vector<BatchRow> rows_;
   std::vector<int> logit_rows_;

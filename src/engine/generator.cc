@@ -27,7 +27,8 @@ GenerationResult generate(Transformer& transformer, std::span<const int32_t> pro
   std::vector<float> masked;
   auto next = [&](std::span<const int32_t> tokens, int at) {
     if (argmax_only) return transformer.forward_greedy(tokens, at);
-    const std::span<const float> logits = transformer.forward(tokens, at);
+    float log_normaliser = 0.0f;
+    const std::span<const float> logits = transformer.forward(tokens, at, 0, logprobs ? &log_normaliser : nullptr);
     int32_t token = 0;
     if (options.constraint) {
       masked.assign(logits.begin(), logits.end());
@@ -39,7 +40,6 @@ GenerationResult generate(Transformer& transformer, std::span<const int32_t> pro
     }
     if (logprobs) {
       GeneratedLogprobs entry;
-      float log_normaliser = 0.0f;
       entry.top = top_logprobs(logits, options.top_logprobs, log_normaliser);
       entry.logprob = logits[static_cast<size_t>(token)] - log_normaliser;
       result.logprobs.push_back(std::move(entry));

@@ -5,11 +5,7 @@
 
 namespace gemma4rt {
 
-std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count, float& log_normaliser) {
-  const float maximum = *std::max_element(logits.begin(), logits.end());
-  double total = 0.0;
-  for (const float logit : logits) total += std::exp(static_cast<double>(logit - maximum));
-  log_normaliser = maximum + static_cast<float>(std::log(total));
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count, float log_normaliser) {
   // A min-heap of the best `count` so far: one pass over the vocabulary.
   const auto better = [](const TokenLogprob& a, const TokenLogprob& b) { return a.logprob > b.logprob; };
   std::vector<TokenLogprob> best;

@@ -29,8 +29,9 @@ struct TokenLogprob {
 };
 
 // The `count` most likely tokens of `logits` as log-probabilities, most likely first (ties: the lower
-// id first); `log_normaliser` receives log(sum(exp(logits))), so log p(t) = logits[t] - log_normaliser.
-std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count, float& log_normaliser);
+// id first), given log_normaliser = log(sum(exp(logits))) (the device computes it with the logits):
+// log p(t) = logits[t] - log_normaliser.
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count, float log_normaliser);
 
 class Sampler {
  public:

@@ -245,6 +245,7 @@ void Transformer::load() {
   }
   final_hidden_ = floats(static_cast<size_t>(logit_capacity_) * hidden);
   logits_ = floats(static_cast<size_t>(logit_capacity_) * config_.vocab_size);
+  log_normalisers_ = floats(static_cast<size_t>(logit_capacity_));
   ids_ = device.allocate(static_cast<size_t>(logit_capacity_) * sizeof(int32_t));
   if (partition_) local_logits_ = floats(static_cast<size_t>(logit_capacity_) * partition_->vocab_rows.count);
   embedding_rows_.resize(rows * hidden);
@@ -368,9 +369,9 @@ int Transformer::single_sequence_rows(std::span<const int32_t> tokens, int posit
   return static_cast<int>(tokens.size()) - 1;
 }
 
-std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int position, int sequence) {
+std::span<const float> Transformer::forward(std::span<const int32_t> tokens, int position, int sequence, float* log_normaliser) {
   const int last = single_sequence_rows(tokens, position, sequence);
-  run(row_scratch_, std::span<const int>(&last, 1), {.logits = last_logits_.data()});
+  run(row_scratch_, std::span<const int>(&last, 1), {.logits = last_logits_.data(), .log_normalisers = log_normaliser});
   return last_logits_;
 }
 
@@ -381,8 +382,8 @@ int32_t Transformer::forward_greedy(std::span<const int32_t> tokens, int positio
   return id;
 }
 
-void Transformer::forward(std::span<const BatchRow> rows, std::span<const int> logit_rows, float* logits) {
-  run(rows, logit_rows, {.logits = logits});
+void Transformer::forward(std::span<const BatchRow> rows, std::span<const int> logit_rows, float* logits, float* log_normalisers) {
+  run(rows, logit_rows, {.logits = logits, .log_normalisers = log_normalisers});
 }
 
 void Transformer::forward_greedy(std::span<const BatchRow> rows, std::span<const int> logit_rows, int32_t* ids) {
@@ -456,6 +457,7 @@ void Transformer::run_local(std::span<const BatchRow> rows, std::span<const int>
     StepOutput chunk_output;
     if (output.ids) chunk_output.ids = output.ids + next_logit;
     if (output.logits) chunk_output.logits = output.logits + next_logit * vocab;
+    if (output.log_normalisers) chunk_output.log_normalisers = output.log_normalisers + next_logit;
     step(rows.subspan(first, count), logit_row_scratch_, chunk_output);
     next_logit = logit;
     first += count;
@@ -495,6 +497,7 @@ void Transformer::step(std::span<const BatchRow> rows, std::span<const int32_t> 
     device.download(ids_, 0, output.ids, static_cast<size_t>(wanted) * sizeof(int32_t));
   } else {
     device.download(logits_, 0, output.logits, static_cast<size_t>(wanted) * config_.vocab_size * sizeof(float));
+    if (output.log_normalisers) device.download(log_normalisers_, 0, output.log_normalisers, static_cast<size_t>(wanted) * sizeof(float));
   }
 }
 
@@ -539,9 +542,13 @@ void Transformer::issue_step(int count, int wanted, bool greedy) {
   }
   if (greedy) {
     device.argmax(logits_, wanted, config_.vocab_size, ids_);  // tanh is monotonic: no softcap needed
-  } else if (config_.final_logit_softcapping) {
+    return;
+  }
+  if (config_.final_logit_softcapping) {
     device.softcap(logits_, static_cast<int64_t>(wanted) * config_.vocab_size, static_cast<float>(*config_.final_logit_softcapping));
   }
+  // Logprobs need each row's normaliser: one pass over the row on the device, not on the host.
+  device.log_sum_exp(logits_, wanted, config_.vocab_size, log_normalisers_);
 }
 
 // Per-Layer Embeddings (architecture doc §2.2): a token-identity part (the gathered rows, already in

@@ -64,15 +64,16 @@ class Transformer {
 
   // Runs the rows (rows of one sequence in increasing position order; all earlier positions of each
   // sequence must already be in its cache) and writes vocab_size softcapped logits for each row listed
-  // in `logit_rows` to `logits`, in that order.
-  void forward(std::span<const BatchRow> rows, std::span<const int> logit_rows, float* logits);
+  // in `logit_rows` to `logits`, in that order; and, if `log_normalisers` is given, each of those rows'
+  // log(sum exp(logit)), so that a token's log-probability is its logit minus that (computed on the device).
+  void forward(std::span<const BatchRow> rows, std::span<const int> logit_rows, float* logits, float* log_normalisers = nullptr);
   // The same, for greedy decoding: the argmax token of each listed row (the softcap is skipped: tanh is
   // monotonic), so only the ids leave the device.
   void forward_greedy(std::span<const BatchRow> rows, std::span<const int> logit_rows, int32_t* ids);
 
   // One sequence's tokens at positions [position, position + size): the last token's softcapped logits,
-  // valid until the next call, or its argmax token.
-  std::span<const float> forward(std::span<const int32_t> tokens, int position, int sequence = 0);
+  // valid until the next call (and, if asked, their log normaliser), or its argmax token.
+  std::span<const float> forward(std::span<const int32_t> tokens, int position, int sequence = 0, float* log_normaliser = nullptr);
   int32_t forward_greedy(std::span<const int32_t> tokens, int position, int sequence = 0);
 
   const ModelConfig& config() const { return config_; }
@@ -101,8 +102,9 @@ class Transformer {
   struct LayerState;
   // What a step hands back, and where.
   struct StepOutput {
-    float* logits = nullptr;   // softcapped logits, or
-    int32_t* ids = nullptr;    // argmax ids
+    float* logits = nullptr;           // softcapped logits,
+    float* log_normalisers = nullptr;  // with them if wanted: each row's log of its softmax normaliser; or
+    int32_t* ids = nullptr;            // argmax ids
   };
   void load();
   // Throws when the model does not fit a device with its own memory; returns the weight bytes to upload
@@ -161,7 +163,7 @@ class Transformer {
   backend::Buffer row_table_, logit_row_ids_, hidden_, normed_, branch_, query_, key_, value_, attention_out_;
   backend::Buffer gate_, up_, ffn_out_, moe_out_, expert_input_, per_layer_inputs_, per_layer_projected_, per_layer_gate_;
   backend::Buffer router_inputs_, router_logits_, chosen_experts_, chosen_weights_;
-  backend::Buffer final_hidden_, local_logits_, logits_, ids_;
+  backend::Buffer final_hidden_, local_logits_, logits_, log_normalisers_, ids_;
   // Host staging: embedding rows gathered from the mmap, logit row ids, and the single-sequence results.
   std::vector<float> embedding_rows_, per_layer_rows_;
   std::vector<int32_t> logit_row_scratch_;

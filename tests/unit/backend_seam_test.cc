@@ -1,6 +1,7 @@
 // The backend seam's promises, checked by wrapping a real backend in a decorator that counts and
 // traces every call: a decode step uploads its inputs, issues ops, and downloads exactly once (the ids
-// when greedy, the softcapped logits when sampling); no step allocates; nothing is read back in the
+// when greedy, the softcapped logits when sampling), twice with logprobs (the logits, then their
+// normalisers); no step allocates; nothing is read back in the
 // middle of a forward pass, MoE routing included. And the device-side argmax gives the goldens' tokens.
 #include <cmath>
 #include <cstring>
@@ -119,6 +120,7 @@ class CountingBackend : public backend::Backend {
   }
   void softcap(Buffer values, int64_t count, float cap) override { op(), inner_->softcap(values, count, cap); }
   void argmax(Buffer values, int rows, int width, Buffer ids) override { op(), inner_->argmax(values, rows, width, ids); }
+  void log_sum_exp(Buffer values, int rows, int width, Buffer out) override { op(), inner_->log_sum_exp(values, rows, width, out); }
   void all_reduce_sum(Buffer values, int64_t count, parallel::Communicator& communicator) override {
     op(), inner_->all_reduce_sum(values, count, communicator);
   }
@@ -191,6 +193,21 @@ TEST_P(BackendSeam, SamplingDecodeStepDownloadsOnlyTheLogits) {
     EXPECT_TRUE(std::regex_match(engine.counting->trace, kOneStep)) << engine.counting->trace;
     ++token;
   }
+}
+
+TEST_P(BackendSeam, LogprobsStepAlsoDownloadsTheNormalisersAtTheEnd) {
+  Engine engine = make_engine(GetParam(), "cpu");
+  const std::vector<int32_t> prompt = {2, 81, 52, 29};
+  engine.transformer->forward(prompt, 0);
+  const size_t vocab = static_cast<size_t>(engine.model->config().vocab_size);
+  engine.counting->reset();
+  float log_normaliser = 0.0f;
+  const int32_t token = 100;
+  engine.transformer->forward(std::span<const int32_t>(&token, 1), 4, 0, &log_normaliser);
+  EXPECT_EQ(engine.counting->allocations, 0);
+  EXPECT_EQ(engine.counting->downloads, 2);
+  EXPECT_EQ(engine.counting->download_bytes, (vocab + 1) * sizeof(float));
+  EXPECT_TRUE(std::regex_match(engine.counting->trace, std::regex("U+BOEDD"))) << engine.counting->trace;
 }
 
 TEST_P(BackendSeam, BatchedDecodeStepIsOneStepWithOneDownload) {

@@ -1,5 +1,7 @@
 // The scheduler keeps a failure to the request that causes it: when a step throws, each sequence is
-// retried alone, and only the ones that fail alone end with "error".
+// retried alone, and only the ones that fail alone end with "error". Logprobs of batched sequences are
+// the log-softmax of their logits.
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
@@ -68,6 +70,59 @@ TEST(BatchScheduler, AFailingRequestEndsAloneAndTheOthersAreUndisturbed) {
     EXPECT_EQ(together.at(name).reason, "length") << name << ": " << together.at(name).error;
     EXPECT_EQ(together.at(name).tokens.size(), 5u) << name;
     EXPECT_EQ(together.at(name).tokens, alone.at(name).tokens) << name;
+  }
+}
+
+// The normaliser comes from the device with the logits; each reported log-probability must equal the
+// log-softmax, in double, of the logits of a sequence run alone on the same tokens.
+TEST(BatchScheduler, LogprobsOfBatchedSequencesAreTheLogSoftmaxOfTheirLogits) {
+  auto model = Model::load(std::string(GEMMA4RT_TEST_DATA) + "/golden/tiny-e2b");
+  EngineOptions options;
+  options.context_tokens = 64;
+  options.sequences = 3;
+  Transformer transformer(*model, options);
+  BatchScheduler scheduler(transformer, {});
+  const std::vector<std::vector<int32_t>> prompts = {{2, 100, 200, 300}, {2, 400, 500}, {2, 7, 8, 9, 10, 11}};
+  std::mutex mutex;
+  std::vector<std::vector<TokenEvent>> events(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SequenceRequest request;
+    request.prompt = prompts[i];
+    request.max_tokens = 6;
+    request.ignore_eos = true;
+    request.top_logprobs = 3;
+    request.on_token = [&, i](const TokenEvent& event) {
+      std::lock_guard<std::mutex> lock(mutex);
+      events[i].push_back(event);
+      return true;
+    };
+    ASSERT_NE(scheduler.submit(std::move(request)), nullptr);
+  }
+  scheduler.drain();
+
+  EngineOptions alone_options;
+  alone_options.context_tokens = 64;
+  Transformer alone(*model, alone_options);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("sequence " + std::to_string(i));
+    ASSERT_EQ(events[i].size(), 6u);
+    std::vector<int32_t> tokens = prompts[i];
+    for (const TokenEvent& event : events[i]) {
+      const std::span<const float> logits = alone.forward(tokens, 0);
+      double maximum = logits[0];
+      for (float logit : logits) maximum = std::max<double>(maximum, logit);
+      double total = 0.0;
+      for (float logit : logits) total += std::exp(static_cast<double>(logit) - maximum);
+      const double log_normaliser = maximum + std::log(total);
+      ASSERT_TRUE(event.logprob.has_value());
+      EXPECT_NEAR(*event.logprob, logits[static_cast<size_t>(event.token)] - log_normaliser, 1e-4);
+      ASSERT_EQ(event.top_logprobs.size(), 3u);
+      EXPECT_EQ(event.top_logprobs[0].token, event.token);  // greedy: the most likely token
+      for (const TokenLogprob& top : event.top_logprobs) {
+        EXPECT_NEAR(top.logprob, logits[static_cast<size_t>(top.token)] - log_normaliser, 1e-4) << "token " << top.token;
+      }
+      tokens.push_back(event.token);
+    }
   }
 }
 

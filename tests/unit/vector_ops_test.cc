@@ -170,6 +170,51 @@ TEST(VectorOps, SoftmaxOfWidelySpreadValues) {
   });
 }
 
+TEST(VectorOps, LogSumExpMatchesDoubleReference) {
+  // log(sum exp(v)) in double, with the maximum subtracted. Bound: each exp is within 7.5e-8 relative and
+  // each lane sums at most 4096 / 16 terms in fp32 (2^-24 relative per addition), so the total is within
+  // about 256 * 6e-8 = 1.5e-5 relative in the worst case; that is the error of its log, plus the float
+  // rounding of the result.
+  for_each_isa([](Isa) {
+    std::vector<int64_t> sizes = kSizes;
+    sizes.push_back(262144);  // a Gemma-4 vocabulary row
+    for (int64_t size : sizes) {
+      SCOPED_TRACE("size " + std::to_string(size));
+      for (float range : {1.0f, 30.0f, 300.0f}) {
+        const std::vector<float> input = random_floats(size, -range, range, 43 + static_cast<uint32_t>(size));
+        double maximum = input[0];
+        for (float v : input) maximum = std::max<double>(maximum, v);
+        double total = 0.0;
+        for (float v : input) total += std::exp(static_cast<double>(v) - maximum);
+        const double expected = maximum + std::log(total);
+        ASSERT_NEAR(log_sum_exp(input.data(), size), expected, 1.5e-5 + 1.2e-7 * std::abs(expected));
+      }
+    }
+  });
+}
+
+TEST(VectorOps, LogSumExpEdgeCases) {
+  const float infinity = std::numeric_limits<float>::infinity();
+  for_each_isa([&](Isa) {
+    const float one = 2.5f;
+    EXPECT_EQ(log_sum_exp(&one, 1), 2.5f);  // exp(0) = 1, log 1 = 0: exact
+    EXPECT_EQ(log_sum_exp(nullptr, 0), -infinity);
+    // Masked tokens (-inf) add nothing: two equal survivors give max + log 2.
+    std::vector<float> masked(300, -infinity);
+    masked[7] = masked[299] = 4.0f;
+    EXPECT_NEAR(log_sum_exp(masked.data(), 300), 4.0 + std::log(2.0), 1e-6);
+    std::vector<float> all_masked(40, -infinity);
+    EXPECT_EQ(log_sum_exp(all_masked.data(), 40), -infinity);
+    std::vector<float> with_infinity(40, 1.0f);
+    with_infinity[33] = infinity;
+    EXPECT_EQ(log_sum_exp(with_infinity.data(), 40), infinity);
+    // Far below the maximum, exp underflows to 0 without harm.
+    std::vector<float> spread(64, -1e4f);
+    spread[5] = 1e4f;
+    EXPECT_EQ(log_sum_exp(spread.data(), 64), 1e4f);
+  });
+}
+
 TEST(VectorOps, SoftcapMatchesDoubleTanh) {
   // tanh(v / cap) * cap within 1e-6 relative of double (the small-|x| branch is a series, so tiny
   // values stay accurate too); saturates at +-cap.

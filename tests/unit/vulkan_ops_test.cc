@@ -3,6 +3,7 @@
 // 1-8, ring-buffer wrap-around, K=V, bf16 KV, MoE top-k ties. Tolerances are stated per op.
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -223,6 +224,23 @@ TEST_F(VulkanOps, ElementwiseOps) {
     std::vector<int32_t> result(2);
     device->download(ids, 0, result.data(), sizeof(int32_t) * 2);
     EXPECT_EQ(result, (std::vector<int32_t>{17, 0})) << device->name();
+  }
+}
+
+// log_sum_exp per row (the logprobs' normaliser): a vocabulary-sized row, a short one, one with masked
+// (-inf) entries. Each of the 64 lanes sums its share of exp in fp32, GLSL's exp is within 3 + 2|x| ulp.
+TEST_F(VulkanOps, LogSumExpOfRows) {
+  for (const int width : {37, 5000, 262144}) {
+    SCOPED_TRACE("width " + std::to_string(width));
+    std::vector<float> rows = random_values(static_cast<size_t>(3) * width, 51, 30.0f);
+    for (int i = 0; i < width; i += 3) rows[static_cast<size_t>(2) * width + i] = -std::numeric_limits<float>::infinity();
+    expect_same(
+        [&](Backend& device) {
+          const Buffer out = device.allocate(3 * sizeof(float));
+          device.log_sum_exp(device.upload_constant(rows), 3, width, out);
+          return read(device, out, 3);
+        },
+        width > 5000 ? 1e-4f : 2e-5f, 1e-6f);
   }
 }
 

@@ -371,6 +371,12 @@ void HostBackend::argmax(Buffer values, int rows, int width, Buffer ids) {
   }
 }
 
+void HostBackend::log_sum_exp(Buffer values, int rows, int width, Buffer out) {
+  for_rows(rows, width, [&](int64_t first, int64_t last, int) {
+    for (int64_t row = first; row < last; ++row) data(out)[row] = log_sum_exp_span(data(values) + row * width, width);
+  });
+}
+
 void HostBackend::all_reduce_sum(Buffer values, int64_t count, parallel::Communicator& communicator) {
   communicator.all_reduce_sum(data(values), static_cast<size_t>(count));
 }

@@ -49,6 +49,7 @@ class HostBackend : public Backend {
   void gather_rows(Buffer source, Buffer row_ids, int rows, int width, Buffer out) override;
   void softcap(Buffer values, int64_t count, float cap) override;
   void argmax(Buffer values, int rows, int width, Buffer ids) override;
+  void log_sum_exp(Buffer values, int rows, int width, Buffer out) override;
   void all_reduce_sum(Buffer values, int64_t count, parallel::Communicator& communicator) override;
   void all_gather_rows(Buffer local, int rows, std::span<const size_t> counts, Buffer out, parallel::Communicator& communicator) override;
 
@@ -74,6 +75,7 @@ class HostBackend : public Backend {
   virtual void weigh_values(float* scores, int group, int head_dim, const std::byte* values, KvFormat format, int64_t row_stride,
                             std::span<const int32_t> slots, float* out) = 0;
   virtual void softcap_span(float* values, int64_t count, float cap) = 0;
+  virtual float log_sum_exp_span(const float* values, int64_t count) = 0;
   virtual void router_softmax(float* values, int64_t count) = 0;
 
   template <typename T = float>

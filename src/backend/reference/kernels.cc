@@ -54,6 +54,15 @@ void softmax(float* values, int64_t size) {
   for (int64_t i = 0; i < size; ++i) values[i] *= inverse;
 }
 
+float log_sum_exp(const float* values, int64_t size) {
+  if (size <= 0) return -std::numeric_limits<float>::infinity();
+  const float maximum = *std::max_element(values, values + size);
+  if (!std::isfinite(maximum)) return maximum;
+  double total = 0.0;
+  for (int64_t i = 0; i < size; ++i) total += std::exp(static_cast<double>(values[i]) - maximum);
+  return maximum + static_cast<float>(std::log(total));
+}
+
 void apply_rope(float* head, int64_t head_dim, const float* cos, const float* sin) {
   const int64_t half = head_dim / 2;
   for (int64_t j = 0; j < half; ++j) {

@@ -24,6 +24,10 @@ float gelu_tanh(float x);
 // In-place softmax over `size` values, computed in fp32 with the maximum subtracted first.
 void softmax(float* values, int64_t size);
 
+// log(sum_i exp(values[i])) with the maximum subtracted first, the sum in double; size 0: -inf; a
+// maximum that is not finite (all -inf, any +inf) is returned as it is.
+float log_sum_exp(const float* values, int64_t size);
+
 // Rotates one head in place, "rotate half" convention: pairs (j, j + head_dim/2).
 void apply_rope(float* head, int64_t head_dim, const float* cos, const float* sin);
 

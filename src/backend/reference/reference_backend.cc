@@ -71,6 +71,8 @@ void ReferenceBackend::softcap_span(float* values, int64_t count, float cap) {
   for (int64_t i = 0; i < count; ++i) values[i] = std::tanh(values[i] / cap) * cap;
 }
 
+float ReferenceBackend::log_sum_exp_span(const float* values, int64_t count) { return reference::log_sum_exp(values, count); }
+
 void ReferenceBackend::router_softmax(float* values, int64_t count) { reference::softmax(values, count); }
 
 }  // namespace gemma4rt::backend

@@ -37,6 +37,7 @@ class ReferenceBackend : public HostBackend {
   void weigh_values(float* scores, int group, int head_dim, const std::byte* values, KvFormat format, int64_t row_stride,
                     std::span<const int32_t> slots, float* out) override;
   void softcap_span(float* values, int64_t count, float cap) override;
+  float log_sum_exp_span(const float* values, int64_t count) override;
   void router_softmax(float* values, int64_t count) override;
 
  private:

@@ -77,7 +77,8 @@ VulkanBackend::VulkanBackend(int device_index) : device_(std::make_unique<Device
       {Kernel::kStoreKvBF16, "store_kv_bf16", 3},    {Kernel::kAttentionF32, "attention_f32", 8},
       {Kernel::kAttentionBF16, "attention_bf16", 8},
       {Kernel::kRouteExperts, "route_experts", 4},   {Kernel::kExpertCombine, "expert_combine", 4},
-      {Kernel::kArgmax, "argmax", 2},                {Kernel::kReadBandwidth, "read_bandwidth", 2},
+      {Kernel::kArgmax, "argmax", 2},                {Kernel::kLogSumExp, "log_sum_exp", 2},
+      {Kernel::kReadBandwidth, "read_bandwidth", 2},
   };
   for (const KernelSource& source : sources) {
     pipelines_[static_cast<int>(source.kernel)] = device_->create_pipeline(shader_spirv(source.shader), source.bindings, kPushBytes);
@@ -502,6 +503,11 @@ void VulkanBackend::softcap(Buffer values, int64_t count, float cap) { elementwi
 void VulkanBackend::argmax(Buffer values, int rows, int width, Buffer ids) {
   const uint32_t push = static_cast<uint32_t>(width);
   dispatch(Kernel::kArgmax, {handle(values), handle(ids)}, &push, sizeof(push), static_cast<uint32_t>(rows));
+}
+
+void VulkanBackend::log_sum_exp(Buffer values, int rows, int width, Buffer out) {
+  const uint32_t push = static_cast<uint32_t>(width);
+  dispatch(Kernel::kLogSumExp, {handle(values), handle(out)}, &push, sizeof(push), static_cast<uint32_t>(rows));
 }
 
 void VulkanBackend::all_reduce_sum(Buffer, int64_t, parallel::Communicator&) {

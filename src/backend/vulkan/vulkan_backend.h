@@ -61,6 +61,7 @@ class VulkanBackend : public Backend {
   void gather_rows(Buffer source, Buffer row_ids, int rows, int width, Buffer out) override;
   void softcap(Buffer values, int64_t count, float cap) override;
   void argmax(Buffer values, int rows, int width, Buffer ids) override;
+  void log_sum_exp(Buffer values, int rows, int width, Buffer out) override;
   void all_reduce_sum(Buffer values, int64_t count, parallel::Communicator& communicator) override;
   void all_gather_rows(Buffer local, int rows, std::span<const size_t> counts, Buffer out, parallel::Communicator& communicator) override;
 
@@ -79,7 +80,7 @@ class VulkanBackend : public Backend {
     kMatmulF32, kMatmulBF16, kMatmulQ8, kGatheredF32, kGatheredBF16, kGatheredQ8, kTiledF32, kTiledBF16, kTiledQ8,
     kCoopmatF32, kCoopmatBF16, kCoopmatQ8,
     kRmsNorm, kElementwise, kRope, kStoreKvF32, kStoreKvBF16, kAttentionF32, kAttentionBF16,
-    kRouteExperts, kExpertCombine, kArgmax, kReadBandwidth, kCount
+    kRouteExperts, kExpertCombine, kArgmax, kLogSumExp, kReadBandwidth, kCount
   };
   // One dispatch: into the step being recorded, or submitted at once outside a step.
   void dispatch(Kernel kernel, std::initializer_list<VkBuffer> buffers, const void* push, uint32_t push_bytes, uint32_t groups_x,

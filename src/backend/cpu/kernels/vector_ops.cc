@@ -58,7 +58,7 @@ void weigh_values_scalar(float* scores, int64_t head_dim, const void* values, Kv
 void softmax_simd(const detail::VectorOpsTable& table, float* values, int64_t size) {
   if (size <= 0) return;
   const float maximum = table.max(values, size);
-  const float total = table.exp_shifted_sum(values, size, maximum);
+  const float total = table.exp_shifted_sum(values, size, maximum, values);
   table.scale_into(values, size, 1.0f / total, nullptr, values);
 }
 
@@ -82,6 +82,20 @@ void softmax(float* values, int64_t size) {
   const detail::VectorOpsTable* table = simd_table();
   if (table == nullptr) return reference::softmax(values, size);
   softmax_simd(*table, values, size);
+}
+
+float log_sum_exp(const float* values, int64_t size) {
+  const detail::VectorOpsTable* table = simd_table();
+  if (table == nullptr || size <= 0) return reference::log_sum_exp(values, size);
+  const float maximum = table->max(values, size);
+  if (!std::isfinite(maximum)) return maximum;  // as the reference: nothing to normalise against
+  // Short fp32 partial sums (a few hundred terms a lane), added in double.
+  constexpr int64_t kBlock = 4096;
+  double total = 0.0;
+  for (int64_t start = 0; start < size; start += kBlock) {
+    total += table->exp_shifted_sum(values + start, std::min(kBlock, size - start), maximum, nullptr);
+  }
+  return maximum + static_cast<float>(std::log(total));
 }
 
 void apply_rope(float* heads, int64_t head_count, int64_t head_dim, const float* cos, const float* sin) {

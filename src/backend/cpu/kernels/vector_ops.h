@@ -36,6 +36,11 @@ inline void gelu_tanh_multiply_by(float* gate, const float* factor, int64_t size
 // In-place softmax (maximum subtracted first).
 void softmax(float* values, int64_t size);
 
+// log(sum_i exp(values[i])), the maximum subtracted first: the log of softmax's normaliser, so that
+// log p_i = values[i] - log_sum_exp. The exponentials are summed in fp32 over blocks of 4,096 values and
+// the blocks in double. Edge cases as reference::log_sum_exp.
+float log_sum_exp(const float* values, int64_t size);
+
 // Rotates `head_count` contiguous heads of `head_dim` in place, "rotate half" convention: pairs
 // (j, j + head_dim/2). cos and sin hold head_dim values shared by every head.
 void apply_rope(float* heads, int64_t head_count, int64_t head_dim, const float* cos, const float* sin);
@@ -73,8 +78,9 @@ namespace detail {
 // (vector_ops_avx2.cc, vector_ops_avx512.cc). Call the dispatching functions instead.
 struct VectorOpsTable {
   float (*max)(const float* values, int64_t size);
-  // values[i] = exp(values[i] - shift) for values[i] <= shift; returns their sum.
-  float (*exp_shifted_sum)(float* values, int64_t size, float shift);
+  // The sum of exp(values[i] - shift) for values[i] <= shift; each term is also written to out[i] unless
+  // out is null (out may alias values).
+  float (*exp_shifted_sum)(const float* values, int64_t size, float shift, float* out);
   float (*sum_squares)(const float* x, int64_t size);
   // out[i] = (x[i] * factor) * weight[i], or x[i] * factor without weight; out may alias x.
   void (*scale_into)(const float* x, int64_t size, float factor, const float* weight, float* out);

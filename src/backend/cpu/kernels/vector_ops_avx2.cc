@@ -119,15 +119,17 @@ float max_avx2(const float* values, int64_t size) {
   return horizontal_max(_mm256_max_ps(best0, best1));
 }
 
-float exp_shifted_sum_avx2(float* values, int64_t size, float shift) {
+float exp_shifted_sum_avx2(const float* values, int64_t size, float shift, float* out) {
   const __m256 offset = _mm256_set1_ps(shift);
   __m256 total0 = _mm256_setzero_ps(), total1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 2 * kLanes <= size; i += 2 * kLanes) {
     const __m256 first = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(values + i), offset));
     const __m256 second = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(values + i + kLanes), offset));
-    _mm256_storeu_ps(values + i, first);
-    _mm256_storeu_ps(values + i + kLanes, second);
+    if (out != nullptr) {
+      _mm256_storeu_ps(out + i, first);
+      _mm256_storeu_ps(out + i + kLanes, second);
+    }
     total0 = _mm256_add_ps(total0, first);
     total1 = _mm256_add_ps(total1, second);
   }
@@ -135,7 +137,7 @@ float exp_shifted_sum_avx2(float* values, int64_t size, float shift) {
     const __m256i mask = first_lanes(size - i);
     const __m256 result = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(values + i, mask), offset)),
                                         _mm256_castsi256_ps(mask));
-    _mm256_maskstore_ps(values + i, mask, result);
+    if (out != nullptr) _mm256_maskstore_ps(out + i, mask, result);
     total0 = _mm256_add_ps(total0, result);
   }
   return horizontal_sum(_mm256_add_ps(total0, total1));

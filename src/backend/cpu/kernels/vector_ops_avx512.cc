@@ -108,22 +108,24 @@ float max_avx512(const float* values, int64_t size) {
   return _mm512_reduce_max_ps(_mm512_max_ps(best0, best1));
 }
 
-float exp_shifted_sum_avx512(float* values, int64_t size, float shift) {
+float exp_shifted_sum_avx512(const float* values, int64_t size, float shift, float* out) {
   const __m512 offset = _mm512_set1_ps(shift);
   __m512 total0 = _mm512_setzero_ps(), total1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 2 * kLanes <= size; i += 2 * kLanes) {
     const __m512 first = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(values + i), offset));
     const __m512 second = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(values + i + kLanes), offset));
-    _mm512_storeu_ps(values + i, first);
-    _mm512_storeu_ps(values + i + kLanes, second);
+    if (out != nullptr) {
+      _mm512_storeu_ps(out + i, first);
+      _mm512_storeu_ps(out + i + kLanes, second);
+    }
     total0 = _mm512_add_ps(total0, first);
     total1 = _mm512_add_ps(total1, second);
   }
   for (; i < size; i += kLanes) {
     const __mmask16 mask = first_lanes(size - i);
     const __m512 result = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, values + i), offset));
-    _mm512_mask_storeu_ps(values + i, mask, result);
+    if (out != nullptr) _mm512_mask_storeu_ps(out + i, mask, result);
     total0 = _mm512_mask_add_ps(total0, mask, total0, result);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(total0, total1));
