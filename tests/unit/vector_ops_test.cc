@@ -215,6 +215,43 @@ TEST(VectorOps, LogSumExpEdgeCases) {
   });
 }
 
+TEST(VectorOps, ArgmaxIsTheFirstLargestValue) {
+  // Exact: the index a plain scan finds, on random rows and on ties placed in every lane and tail.
+  const float infinity = std::numeric_limits<float>::infinity();
+  for_each_isa([&](Isa) {
+    std::vector<int64_t> sizes = kSizes;
+    sizes.push_back(262144);
+    for (int64_t size : sizes) {
+      SCOPED_TRACE("size " + std::to_string(size));
+      std::vector<float> values = random_floats(size, -30.0f, 30.0f, 47 + static_cast<uint32_t>(size));
+      int64_t expected = 0;
+      for (int64_t i = 1; i < size; ++i) expected = values[i] > values[expected] ? i : expected;
+      EXPECT_EQ(argmax(values.data(), size), expected);
+      // The same largest value at two places: the lower index wins wherever the two fall.
+      for (int64_t second : {size - 1, size / 2, int64_t{16}, int64_t{8}}) {
+        for (int64_t first : {int64_t{0}, int64_t{1}, int64_t{9}, size / 3}) {
+          if (first >= second || second >= size) continue;
+          std::vector<float> tied = values;
+          tied[static_cast<size_t>(first)] = tied[static_cast<size_t>(second)] = 100.0f;
+          ASSERT_EQ(argmax(tied.data(), size), first) << first << " and " << second;
+        }
+      }
+    }
+    // NaN is never chosen; masked (-inf) rows give 0; +inf wins.
+    std::vector<float> with_nan = {1.0f, std::nanf(""), 3.0f, std::nanf("")};
+    with_nan.resize(40, 2.0f);
+    with_nan[0] = std::nanf("");
+    EXPECT_EQ(argmax(with_nan.data(), 40), 2);
+    std::vector<float> masked(70, -infinity);
+    EXPECT_EQ(argmax(masked.data(), 70), 0);
+    masked[69] = -1e30f;
+    EXPECT_EQ(argmax(masked.data(), 70), 69);
+    masked[20] = infinity;
+    EXPECT_EQ(argmax(masked.data(), 70), 20);
+    EXPECT_EQ(argmax(masked.data(), 0), 0);
+  });
+}
+
 TEST(VectorOps, SoftcapMatchesDoubleTanh) {
   // tanh(v / cap) * cap within 1e-6 relative of double (the small-|x| branch is a series, so tiny
   // values stay accurate too); saturates at +-cap.

@@ -134,6 +134,7 @@ void CpuBackend::weigh_values(float* scores, int group, int head_dim, const std:
 
 void CpuBackend::softcap_span(float* values, int64_t count, float cap) { kernels::softcap(values, count, cap); }
 float CpuBackend::log_sum_exp_span(const float* values, int64_t count) { return kernels::log_sum_exp(values, count); }
+int64_t CpuBackend::argmax_span(const float* values, int64_t count) { return kernels::argmax(values, count); }
 
 // The router decides which experts run: the scalar softmax keeps that decision the reference's.
 void CpuBackend::router_softmax(float* values, int64_t count) { reference::softmax(values, count); }

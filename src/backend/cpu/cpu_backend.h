@@ -43,6 +43,7 @@ class CpuBackend : public HostBackend {
                     std::span<const int32_t> slots, float* out) override;
   void softcap_span(float* values, int64_t count, float cap) override;
   float log_sum_exp_span(const float* values, int64_t count) override;
+  int64_t argmax_span(const float* values, int64_t count) override;
   void router_softmax(float* values, int64_t count) override;
 
  private:

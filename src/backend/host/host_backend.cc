@@ -361,14 +361,9 @@ void HostBackend::gather_rows(Buffer source, Buffer row_ids, int rows, int width
 void HostBackend::softcap(Buffer values, int64_t count, float cap) { softcap_span(data(values), count, cap); }
 
 void HostBackend::argmax(Buffer values, int rows, int width, Buffer ids) {
-  for (int row = 0; row < rows; ++row) {
-    const float* value = data(values) + static_cast<int64_t>(row) * width;
-    int32_t best = 0;
-    for (int i = 1; i < width; ++i) {
-      if (value[i] > value[best]) best = i;
-    }
-    data<int32_t>(ids)[row] = best;
-  }
+  for_rows(rows, width, [&](int64_t first, int64_t last, int) {
+    for (int64_t row = first; row < last; ++row) data<int32_t>(ids)[row] = static_cast<int32_t>(argmax_span(data(values) + row * width, width));
+  });
 }
 
 void HostBackend::log_sum_exp(Buffer values, int rows, int width, Buffer out) {

@@ -76,6 +76,7 @@ class HostBackend : public Backend {
                             std::span<const int32_t> slots, float* out) = 0;
   virtual void softcap_span(float* values, int64_t count, float cap) = 0;
   virtual float log_sum_exp_span(const float* values, int64_t count) = 0;
+  virtual int64_t argmax_span(const float* values, int64_t count) = 0;  // the lowest index on ties
   virtual void router_softmax(float* values, int64_t count) = 0;
 
   template <typename T = float>

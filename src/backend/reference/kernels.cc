@@ -63,6 +63,18 @@ float log_sum_exp(const float* values, int64_t size) {
   return maximum + static_cast<float>(std::log(total));
 }
 
+int64_t argmax(const float* values, int64_t size) {
+  float best_value = -std::numeric_limits<float>::infinity();
+  int64_t best = 0;
+  for (int64_t i = 0; i < size; ++i) {
+    if (values[i] > best_value) {
+      best_value = values[i];
+      best = i;
+    }
+  }
+  return best;
+}
+
 void apply_rope(float* head, int64_t head_dim, const float* cos, const float* sin) {
   const int64_t half = head_dim / 2;
   for (int64_t j = 0; j < half; ++j) {

@@ -28,6 +28,10 @@ void softmax(float* values, int64_t size);
 // maximum that is not finite (all -inf, any +inf) is returned as it is.
 float log_sum_exp(const float* values, int64_t size);
 
+// The index of the largest value, the lowest on ties; NaN is never chosen; 0 when nothing is larger
+// than -inf.
+int64_t argmax(const float* values, int64_t size);
+
 // Rotates one head in place, "rotate half" convention: pairs (j, j + head_dim/2).
 void apply_rope(float* head, int64_t head_dim, const float* cos, const float* sin);
 

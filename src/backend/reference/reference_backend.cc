@@ -72,6 +72,7 @@ void ReferenceBackend::softcap_span(float* values, int64_t count, float cap) {
 }
 
 float ReferenceBackend::log_sum_exp_span(const float* values, int64_t count) { return reference::log_sum_exp(values, count); }
+int64_t ReferenceBackend::argmax_span(const float* values, int64_t count) { return reference::argmax(values, count); }
 
 void ReferenceBackend::router_softmax(float* values, int64_t count) { reference::softmax(values, count); }
 

@@ -98,6 +98,27 @@ float log_sum_exp(const float* values, int64_t size) {
   return maximum + static_cast<float>(std::log(total));
 }
 
+int64_t argmax(const float* values, int64_t size) {
+  const detail::VectorOpsTable* table = simd_table();
+  if (table == nullptr) return reference::argmax(values, size);
+  // Lanes the ISA does not have stay at -inf, index 0, and change nothing.
+  alignas(64) float lane_values[16];
+  alignas(64) int32_t lane_indices[16] = {};
+  std::fill_n(lane_values, 16, -std::numeric_limits<float>::infinity());
+  const int64_t covered = table->argmax_lanes(values, size, lane_values, lane_indices);
+  float best_value = lane_values[0];
+  int64_t best = lane_indices[0];
+  for (int lane = 1; lane < 16; ++lane) {
+    if (lane_values[lane] > best_value || (lane_values[lane] == best_value && lane_indices[lane] < best)) {
+      best_value = lane_values[lane];
+      best = lane_indices[lane];
+    }
+  }
+  // The values after the last whole vector have higher indices: only a larger value replaces the best.
+  const int64_t rest = reference::argmax(values + covered, size - covered);
+  return covered < size && values[covered + rest] > best_value ? covered + rest : best;
+}
+
 void apply_rope(float* heads, int64_t head_count, int64_t head_dim, const float* cos, const float* sin) {
   const detail::VectorOpsTable* table = simd_table();
   if (table != nullptr) return table->apply_rope(heads, head_count, head_dim, cos, sin);

@@ -41,6 +41,10 @@ void softmax(float* values, int64_t size);
 // the blocks in double. Edge cases as reference::log_sum_exp.
 float log_sum_exp(const float* values, int64_t size);
 
+// The index of the largest value, the lowest on ties; NaN is never chosen; 0 when nothing is larger
+// than -inf (or size is 0).
+int64_t argmax(const float* values, int64_t size);
+
 // Rotates `head_count` contiguous heads of `head_dim` in place, "rotate half" convention: pairs
 // (j, j + head_dim/2). cos and sin hold head_dim values shared by every head.
 void apply_rope(float* heads, int64_t head_count, int64_t head_dim, const float* cos, const float* sin);
@@ -82,6 +86,10 @@ struct VectorOpsTable {
   // out is null (out may alias values).
   float (*exp_shifted_sum)(const float* values, int64_t size, float shift, float* out);
   float (*sum_squares)(const float* x, int64_t size);
+  // Per lane l of the vector width W: the largest of values[l], values[l + W], ... over the first
+  // `covered` values (a multiple of W, returned) and its lowest index, ties and NaN as argmax; -inf and
+  // index 0 in a lane where nothing is larger. Writes lanes [0, W) of the 16 given.
+  int64_t (*argmax_lanes)(const float* values, int64_t size, float* lane_values, int32_t* lane_indices);
   // out[i] = (x[i] * factor) * weight[i], or x[i] * factor without weight; out may alias x.
   void (*scale_into)(const float* x, int64_t size, float factor, const float* weight, float* out);
   void (*gelu_tanh_multiply)(float* gate, const float* up, int64_t size);

@@ -119,6 +119,23 @@ float max_avx2(const float* values, int64_t size) {
   return horizontal_max(_mm256_max_ps(best0, best1));
 }
 
+int64_t argmax_lanes_avx2(const float* values, int64_t size, float* lane_values, int32_t* lane_indices) {
+  __m256 best = _mm256_set1_ps(-__builtin_inff());
+  __m256 best_index = _mm256_setzero_ps();  // int32 lanes, blended as floats
+  __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  int64_t i = 0;
+  for (; i + kLanes <= size; i += kLanes) {
+    const __m256 v = _mm256_loadu_ps(values + i);
+    const __m256 better = _mm256_cmp_ps(v, best, _CMP_GT_OQ);  // false for NaN; ties keep the earlier
+    best = _mm256_blendv_ps(best, v, better);
+    best_index = _mm256_blendv_ps(best_index, _mm256_castsi256_ps(index), better);
+    index = _mm256_add_epi32(index, _mm256_set1_epi32(kLanes));
+  }
+  _mm256_store_ps(lane_values, best);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane_indices), _mm256_castps_si256(best_index));
+  return i;
+}
+
 float exp_shifted_sum_avx2(const float* values, int64_t size, float shift, float* out) {
   const __m256 offset = _mm256_set1_ps(shift);
   __m256 total0 = _mm256_setzero_ps(), total1 = _mm256_setzero_ps();
@@ -465,6 +482,7 @@ constexpr VectorOpsTable kAvx2Table = {
     .max = max_avx2,
     .exp_shifted_sum = exp_shifted_sum_avx2,
     .sum_squares = sum_squares_avx2,
+    .argmax_lanes = argmax_lanes_avx2,
     .scale_into = scale_into_avx2,
     .gelu_tanh_multiply = gelu_tanh_multiply_avx2,
     .apply_rope = apply_rope_avx2,

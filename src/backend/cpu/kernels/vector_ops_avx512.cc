@@ -108,6 +108,23 @@ float max_avx512(const float* values, int64_t size) {
   return _mm512_reduce_max_ps(_mm512_max_ps(best0, best1));
 }
 
+int64_t argmax_lanes_avx512(const float* values, int64_t size, float* lane_values, int32_t* lane_indices) {
+  __m512 best = _mm512_set1_ps(-__builtin_inff());
+  __m512i best_index = _mm512_setzero_si512();
+  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t i = 0;
+  for (; i + kLanes <= size; i += kLanes) {
+    const __m512 v = _mm512_loadu_ps(values + i);
+    const __mmask16 better = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);  // false for NaN; ties keep the earlier
+    best = _mm512_mask_mov_ps(best, better, v);
+    best_index = _mm512_mask_mov_epi32(best_index, better, index);
+    index = _mm512_add_epi32(index, _mm512_set1_epi32(kLanes));
+  }
+  _mm512_store_ps(lane_values, best);
+  _mm512_store_si512(lane_indices, best_index);
+  return i;
+}
+
 float exp_shifted_sum_avx512(const float* values, int64_t size, float shift, float* out) {
   const __m512 offset = _mm512_set1_ps(shift);
   __m512 total0 = _mm512_setzero_ps(), total1 = _mm512_setzero_ps();
@@ -443,6 +460,7 @@ constexpr VectorOpsTable kAvx512Table = {
     .max = max_avx512,
     .exp_shifted_sum = exp_shifted_sum_avx512,
     .sum_squares = sum_squares_avx512,
+    .argmax_lanes = argmax_lanes_avx512,
     .scale_into = scale_into_avx512,
     .gelu_tanh_multiply = gelu_tanh_multiply_avx512,
     .apply_rope = apply_rope_avx512,
