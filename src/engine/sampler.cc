@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
+
+#include "backend/reference/kernels.h"
 
 namespace gemma4rt {
 
@@ -28,17 +29,8 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count,
 }
 
 int32_t argmax(std::span<const float> logits) {
-  // The best value kept in a register, not re-read through its index: one compare per logit instead of
-  // a chain of dependent loads (a millisecond per 262,144 logits that had left the cache).
-  float best_value = -std::numeric_limits<float>::infinity();
-  int32_t best = 0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (logits[i] > best_value) {
-      best_value = logits[i];
-      best = static_cast<int32_t>(i);
-    }
-  }
-  return best;
+  // The host's scalar argmax is the reference kernel's: lowest id on ties, NaN never chosen.
+  return static_cast<int32_t>(reference::argmax(logits.data(), static_cast<int64_t>(logits.size())));
 }
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), random_(options.seed) {}
