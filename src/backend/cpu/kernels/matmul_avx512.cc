@@ -178,18 +178,6 @@ struct SuperblockVnni {
   static __m512 madd(__m512 acc, XVec x, const WVec& w) { return scale_add(acc, dot_products(x, w), w.scales, x); }
 };
 
-// The scales of the superblock `offset` code bytes after the one at `scales`. Scales are an eighth of
-// the codes' bytes in both formats (a 4-byte float per 32 int8 codes; a 2-byte half per 16 bytes of
-// nibbles), so the same offset over 8 lands on the same superblock. Without this the tile's float
-// step waited on each row's scales from memory: a step of 8 sequences cost the weights' read plus the
-// multiply-adds instead of nearer the larger of the two. Only the line of the superblock's last scale:
-// where the 16 straddle two lines, the first is the previous superblock's last (a second prefetch per
-// row and step made q4 steps of 8 sequences twice as slow).
-template <class Scale>
-inline void prefetch_scales(const Scale* scales, int64_t offset) {
-  prefetch_line(scales + 15, offset / 8);
-}
-
 // A superblock's eight code vectors and scales for the single-row tile.
 template <class P>
 typename P::WVec superblock_weights(const typename P::Row& row, int64_t k, int blocks) {
@@ -224,7 +212,6 @@ struct Q8Vnni : SuperblockRowLoads<Q8Vnni> {
   }
   static void prefetch(const Row& row, int64_t k, int64_t offset) {
     for (int line = 0; line < 8; ++line) prefetch_line(row.codes + k + offset, 64 * line);
-    prefetch_scales(row.scales + k / kQ8BlockValues, offset);
   }
   static Codes load_codes(const Row& row, int64_t k, int v, int blocks) {
     if (blocks == 16) return {_mm512_loadu_si512(row.codes + k + 128 * v), _mm512_loadu_si512(row.codes + k + 128 * v + 64)};
@@ -247,7 +234,6 @@ struct Q4Vnni : SuperblockRowLoads<Q4Vnni> {
   }
   static void prefetch(const Row& row, int64_t k, int64_t offset) {
     for (int line = 0; line < 4; ++line) prefetch_line(row.nibbles + k / 2 + offset, 64 * line);
-    prefetch_scales(row.scales + k / kQ4BlockValues, offset);
   }
   static Codes load_codes(const Row& row, int64_t k, int v, int blocks) {
     const __m512i packed = blocks == 16 ? _mm512_loadu_si512(row.nibbles + k / 2 + 64 * v)
