@@ -14,6 +14,10 @@
 //   Warm/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
 //                              the same products on one small weight that stays in L2 between calls:
 //                              the compute side of a step of T sequences, GFLOP/s against the peak.
+//   BatchCost/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
+//                              the Decode product for one token and for T in turn, call by call, so both
+//                              see the same bandwidth: step_ratio (T tokens' time over one's) and speedup
+//                              (T / step_ratio), the figures behind "8 streams >= 6x one".
 //   Prepare/<fmt>/...          the once-per-matmul activation conversion.
 // Threads: the calling thread plus persistent std::threads, each taking an equal share of the rows
 // (a multiple of 16 rows), as the engine's pool does.
@@ -36,6 +40,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -259,29 +264,37 @@ struct MatmulCase {
   bool decode;
 };
 
+// One product over the case's threads, each taking an equal share of the rows (a multiple of 16).
+void run_product(const MatmulCase& c, const PreparedActivations& prepared, const WeightMatrix& matrix, float* y) {
+  const int64_t share = (c.rows / c.threads + 15) / 16 * 16;
+  runner(c.threads).run([&](int thread) {
+    const int64_t begin = std::min(c.rows, thread * share);
+    const int64_t end = thread + 1 == c.threads ? c.rows : std::min(c.rows, begin + share);
+    matmul(prepared, matrix, y, c.rows, begin, end);
+  });
+}
+
+std::vector<float> random_activations(int64_t tokens, int64_t cols) {
+  std::vector<float> x(static_cast<size_t>(tokens * cols));
+  uint64_t seed = 99;
+  for (float& value : x) value = static_cast<float>(next_random(seed) % 2001) * 1e-3f - 1.0f;
+  return x;
+}
+
 void RunMatmul(benchmark::State& state, MatmulCase c) {
   if (c.isa > detected_isa()) return state.SkipWithError("this CPU cannot run that instruction set");
   const Isa saved = active_isa();
   set_active_isa(c.isa);
   const WeightSet& set = weights(c.format, c.rows, c.cols, c.decode);
-  std::vector<float> x(static_cast<size_t>(c.tokens * c.cols));
-  uint64_t seed = 99;
-  for (float& value : x) value = static_cast<float>(next_random(seed) % 2001) * 1e-3f - 1.0f;
+  const std::vector<float> x = random_activations(c.tokens, c.cols);
   PreparedActivations prepared;
   prepared.prepare(x.data(), c.tokens, c.cols, c.format);
   std::vector<float> y(static_cast<size_t>(c.tokens * c.rows));
-  Runner& threads = runner(c.threads);
-  const int64_t share = (c.rows / c.threads + 15) / 16 * 16;
   size_t copy = 0;
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
-    const WeightMatrix& matrix = set.copies[copy];
+    run_product(c, prepared, set.copies[copy], y.data());
     copy = copy + 1 == set.copies.size() ? 0 : copy + 1;
-    threads.run([&](int thread) {
-      const int64_t begin = std::min(c.rows, thread * share);
-      const int64_t end = thread + 1 == c.threads ? c.rows : std::min(c.rows, begin + share);
-      matmul(prepared, matrix, y.data(), c.rows, begin, end);
-    });
     benchmark::DoNotOptimize(y.data());
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -295,6 +308,41 @@ void RunMatmul(benchmark::State& state, MatmulCase c) {
     // Memory bandwidth on a shared or virtual machine drifts, so the probe runs right after each case.
     state.counters["%probe"] = 100.0 * bytes_per_second / probe_bandwidth(c.threads, 3);
   }
+}
+
+// A step of T sequences against one sequence's, on the same weight, call by call: each iteration runs
+// the product for one token, then for T (each on the next cold copy), and the two times are summed
+// apart. Memory bandwidth on this kind of host drifts by half within a minute, so two separate
+// Decode cases can land in different phases; interleaved, both see the same drift and their ratio
+// holds. Counters: step_ratio (time for T tokens over time for one) and speedup (T / step_ratio: the
+// aggregate gain of T streams over one, were the whole step made of this product).
+void RunBatchCost(benchmark::State& state, MatmulCase c) {
+  if (c.isa > detected_isa()) return state.SkipWithError("this CPU cannot run that instruction set");
+  const Isa saved = active_isa();
+  set_active_isa(c.isa);
+  const WeightSet& set = weights(c.format, c.rows, c.cols, true);
+  MatmulCase one = c;
+  one.tokens = 1;
+  const std::vector<float> x = random_activations(c.tokens, c.cols);
+  PreparedActivations single, batch;
+  single.prepare(x.data(), 1, c.cols, c.format);
+  batch.prepare(x.data(), c.tokens, c.cols, c.format);
+  std::vector<float> y(static_cast<size_t>(c.tokens * c.rows));
+  size_t copy = 0;
+  double single_seconds = 0.0, batch_seconds = 0.0;
+  for (auto _ : state) {
+    for (auto [operands, prepared, seconds] : {std::tuple{&one, &single, &single_seconds}, std::tuple{&c, &batch, &batch_seconds}}) {
+      const auto start = std::chrono::steady_clock::now();
+      run_product(*operands, *prepared, set.copies[copy], y.data());
+      *seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      copy = copy + 1 == set.copies.size() ? 0 : copy + 1;
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  set_active_isa(saved);
+  const double ratio = batch_seconds / single_seconds;
+  state.counters["step_ratio"] = ratio;
+  state.counters["speedup"] = static_cast<double>(c.tokens) / ratio;
 }
 
 void RunPrepare(benchmark::State& state, WeightFormat format, int64_t tokens, int64_t cols) {
@@ -351,6 +399,14 @@ const bool kRegistered = [] {
         if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
         if (format != WeightFormat::kF32 && isa == detected_isa()) continue;
         add_matmul("Decode", {format, isa, 12288, 1536, 1, threads, true});
+      }
+    }
+    for (const Shape& shape : kDecodeShapes) {
+      for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
+        for (int64_t tokens : {4, 8, 16}) {
+          const MatmulCase c{format, detected_isa(), shape.rows, shape.cols, tokens, threads, true};
+          benchmark::RegisterBenchmark(case_name("BatchCost", c).c_str(), RunBatchCost, c)->UseRealTime()->Unit(benchmark::kMicrosecond);
+        }
       }
     }
     for (const Shape& shape : kWarmShapes) {
