@@ -42,6 +42,12 @@ for run in 1 2; do
   bench "e2b q4 checkpoint, run $run" --model "$work/e2b-q4" -p 64 -n 32
 done
 
+# A step of 8 sequences against one, product by product, the two interleaved call by call (the
+# figures behind the server's 8-stream speedup, steady where whole runs drift).
+echo "== kernel products: 8 tokens against 1"
+./build/gemma4rt_kernel_bench --benchmark_filter='BatchCost/.*/tokens:8/threads:2' --benchmark_min_time=0.5 \
+  --benchmark_format=json | grep -E '"(name|step_ratio|speedup)"'
+
 serve_load() {  # checkpoint dir, --parallel, concurrencies...
   local dir=$1 parallel=$2; shift 2
   echo "== serve $dir --parallel $parallel: aggregate decode at concurrency $*"
