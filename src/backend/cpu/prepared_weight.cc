@@ -1,6 +1,7 @@
 #include "backend/cpu/prepared_weight.h"
 
 #include <mutex>
+#include <vector>
 #include <string>
 
 #include <fmt/format.h>

@@ -6,22 +6,22 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "backend/cpu/kernels/matmul.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "core/weight_buffer.h"
 
 namespace gemma4rt::backend {
 
 struct PreparedWeight {
   kernels::WeightMatrix matrix;      // what the kernels read
-  std::vector<uint16_t> owned_bf16;
-  std::vector<float> owned_f32;
-  std::vector<uint8_t> owned_q8;   // pack_q8's layout
-  std::vector<float> owned_scales;
-  std::vector<uint8_t> owned_q4;
-  std::vector<uint16_t> owned_half_scales;
+  WeightBuffer<uint16_t> owned_bf16;
+  WeightBuffer<float> owned_f32;
+  WeightBuffer<uint8_t> owned_q8;   // pack_q8's layout
+  WeightBuffer<float> owned_scales;
+  WeightBuffer<uint8_t> owned_q4;
+  WeightBuffer<uint16_t> owned_half_scales;
 
   // Bytes one full pass over this weight reads.
   size_t read_bytes() const { return static_cast<size_t>(weight_bytes(matrix.rows, matrix.cols, matrix.format)); }

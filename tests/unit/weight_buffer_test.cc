@@ -1,0 +1,44 @@
+// WeightBuffer: large buffers start on a 2 MiB boundary (so every whole 2 MiB can be a huge page) and
+// hold every element they were sized for; small ones are ordinary 64-byte-aligned memory.
+#include <cstdint>
+
+#include <gtest/gtest.h>
+
+#include "core/weight_buffer.h"
+
+namespace gemma4rt {
+namespace {
+
+uintptr_t address(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer); }
+
+TEST(WeightBuffer, LargeBuffersStartOnAHugePageAndHoldEveryElement) {
+  // An odd size, neither a whole page nor a whole huge page: the last element must still be writable.
+  const size_t count = (size_t{5} << 20) / sizeof(float) + 1001;
+  WeightBuffer<float> buffer;
+  buffer.resize(count);
+  ASSERT_EQ(buffer.size(), count);
+  EXPECT_EQ(address(buffer.data()) % (size_t{2} << 20), 0u);
+  for (size_t i = 0; i < count; ++i) buffer[i] = static_cast<float>(i);
+  EXPECT_EQ(buffer[0], 0.0f);
+  EXPECT_EQ(buffer[count - 1], static_cast<float>(count - 1));
+  buffer.resize(7);  // replaced by a small buffer: the large mapping is given back
+  EXPECT_EQ(buffer.size(), 7u);
+  EXPECT_EQ(address(buffer.data()) % 64, 0u);
+}
+
+TEST(WeightBuffer, SmallAndEmptyBuffers) {
+  WeightBuffer<uint16_t> buffer;
+  EXPECT_EQ(buffer.size(), 0u);
+  EXPECT_EQ(buffer.data(), nullptr);
+  buffer.resize(1000);
+  EXPECT_EQ(buffer.size(), 1000u);
+  EXPECT_EQ(address(buffer.data()) % 64, 0u);
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<uint16_t>(i);
+  EXPECT_EQ(buffer[999], 999);
+  buffer.resize(0);
+  EXPECT_EQ(buffer.size(), 0u);
+  EXPECT_EQ(buffer.data(), nullptr);
+}
+
+}  // namespace
+}  // namespace gemma4rt
