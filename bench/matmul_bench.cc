@@ -49,6 +49,7 @@
 #include "backend/host/compute_peak.h"
 #include "backend/host/isa.h"
 #include "backend/cpu/kernels/matmul.h"
+#include "core/weight_buffer.h"
 
 namespace gemma4rt::kernels {
 namespace {
@@ -109,13 +110,14 @@ Runner& runner(int threads) {
   return *slot;
 }
 
-struct FreeDeleter {
-  void operator()(void* pointer) const { std::free(pointer); }
-};
-using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
+// Weights and the probe's buffer in the engine's weight storage (huge pages where the system gives
+// them), so the products and the probe see the memory as a decode step does.
+using Buffer = WeightBuffer<std::byte>;
 
 Buffer allocate(size_t bytes) {
-  return Buffer(static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+  Buffer buffer;
+  buffer.resize(bytes);
+  return buffer;
 }
 
 // ---- the read-bandwidth probe ----
@@ -132,12 +134,12 @@ constexpr size_t kProbeBytes = size_t{1} << 30;
 double probe_bandwidth(int threads, int repeats) {
   Buffer buffer = allocate(kProbeBytes);
   const size_t share = kProbeBytes / threads;
-  runner(threads).run([&](int thread) { std::memset(buffer.get() + share * thread, 1, share); });
+  runner(threads).run([&](int thread) { std::memset(buffer.data() + share * thread, 1, share); });
   double best = 0.0;
   std::atomic<float> sink{0.0f};
   for (int repeat = 0; repeat < repeats; ++repeat) {
     const auto start = std::chrono::steady_clock::now();
-    runner(threads).run([&](int thread) { sink.store(read_stream(buffer.get() + share * thread, share)); });
+    runner(threads).run([&](int thread) { sink.store(read_stream(buffer.data() + share * thread, share)); });
     best = std::max(best, kProbeBytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return best;
@@ -147,10 +149,10 @@ void ReadBandwidth(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   Buffer buffer = allocate(kProbeBytes);
   const size_t share = kProbeBytes / threads;
-  runner(threads).run([&](int thread) { std::memset(buffer.get() + share * thread, 1, share); });
+  runner(threads).run([&](int thread) { std::memset(buffer.data() + share * thread, 1, share); });
   std::atomic<float> sink{0.0f};
   for (auto _ : state) {
-    runner(threads).run([&](int thread) { sink.store(read_stream(buffer.get() + share * thread, share)); });
+    runner(threads).run([&](int thread) { sink.store(read_stream(buffer.data() + share * thread, share)); });
   }
   state.counters["GB/s"] = benchmark::Counter(kProbeBytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -212,33 +214,33 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
   for (size_t copy = 0; copy < copies; ++copy) {
     Buffer values = allocate(value_bytes);
     Buffer scales;
-    WeightMatrix matrix{format, rows, cols, values.get(), nullptr};
+    WeightMatrix matrix{format, rows, cols, values.data(), nullptr};
     switch (format) {
       case WeightFormat::kF32: {
-        auto* data = reinterpret_cast<float*>(values.get());
+        auto* data = reinterpret_cast<float*>(values.data());
         for (size_t i = 0; i < elements; ++i) data[i] = static_cast<float>(next_random(seed) % 2001) * 1e-4f - 0.1f;
         break;
       }
       case WeightFormat::kBF16: {
-        auto* data = reinterpret_cast<uint16_t*>(values.get());
+        auto* data = reinterpret_cast<uint16_t*>(values.data());
         // Normal-range values of both signs, |w| < 0.25.
         for (size_t i = 0; i < elements; ++i) data[i] = static_cast<uint16_t>(0x3c00 + (next_random(seed) & 0x3ff) + ((i & 1) << 15));
         break;
       }
       case WeightFormat::kQ8: {
-        auto* data = reinterpret_cast<int8_t*>(values.get());
+        auto* data = reinterpret_cast<int8_t*>(values.data());
         for (size_t i = 0; i < elements; ++i) data[i] = static_cast<int8_t>(static_cast<int>(next_random(seed) % 255) - 127);
         scales = allocate(scale_count * sizeof(float));
-        auto* scale = reinterpret_cast<float*>(scales.get());
+        auto* scale = reinterpret_cast<float*>(scales.data());
         for (size_t i = 0; i < scale_count; ++i) scale[i] = 1e-3f * static_cast<float>(1 + next_random(seed) % 16);
         matrix.block_scales = scale;
         break;
       }
       case WeightFormat::kQ4: {
-        auto* data = reinterpret_cast<uint8_t*>(values.get());
+        auto* data = reinterpret_cast<uint8_t*>(values.data());
         for (size_t i = 0; i < value_bytes; ++i) data[i] = static_cast<uint8_t>(next_random(seed));
         scales = allocate(scale_count * sizeof(uint16_t));
-        auto* scale = reinterpret_cast<uint16_t*>(scales.get());
+        auto* scale = reinterpret_cast<uint16_t*>(scales.data());
         for (size_t i = 0; i < scale_count; ++i) scale[i] = static_cast<uint16_t>(0x1400 + next_random(seed) % 1024);  // ~1e-3
         matrix.half_scales = scale;
         break;

@@ -2,12 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 
 #include "backend/host/isa.h"
-#include "core/error.h"
 
 namespace gemma4rt::kernels {
 
@@ -25,10 +22,9 @@ float read_stream_scalar(const float* data, size_t bytes) {
 ReadProbe::ReadProbe(ThreadPool& pool, size_t buffer_bytes) : pool_(pool) {
   const size_t unit = 512 * static_cast<size_t>(pool.size());
   bytes_ = std::max(buffer_bytes / unit * unit, unit);
-  buffer_.reset(static_cast<float*>(std::aligned_alloc(64, bytes_)));
-  if (!buffer_) fail("bandwidth probe: cannot allocate {} bytes", bytes_);
+  buffer_.resize(bytes_ / sizeof(float));
   const size_t share = bytes_ / pool.size();
-  pool.run([&](int thread, int) { std::memset(reinterpret_cast<char*>(buffer_.get()) + share * thread, 1, share); });
+  pool.run([&](int thread, int) { std::memset(reinterpret_cast<char*>(buffer_.data()) + share * thread, 1, share); });
 }
 
 ReadStream read_stream_for(Isa isa) {
@@ -43,7 +39,7 @@ double ReadProbe::measure(int repeats) {
   for (int repeat = 0; repeat < repeats; ++repeat) {
     const auto start = std::chrono::steady_clock::now();
     pool_.run([&](int thread, int) {
-      const float* data = reinterpret_cast<const float*>(reinterpret_cast<const char*>(buffer_.get()) + share * thread);
+      const float* data = reinterpret_cast<const float*>(reinterpret_cast<const char*>(buffer_.data()) + share * thread);
       sink = sink + stream(data, share);
     });
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

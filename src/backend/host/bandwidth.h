@@ -4,16 +4,17 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdlib>
-#include <memory>
 
 #include "backend/host/isa.h"
 #include "core/thread_pool.h"
+#include "core/weight_buffer.h"
 
 namespace gemma4rt::kernels {
 
 // A buffer far larger than the caches, written once, each thread's share by that thread (so pages
-// live near the thread that reads them); measure() can then be called again and again cheaply.
+// live near the thread that reads them); measure() can then be called again and again cheaply. It sits
+// on huge pages where the system gives them, as the weights do (core/weight_buffer.h): on 4 KiB pages
+// the probe, not the memory, would set the ceiling that decode is measured against.
 class ReadProbe {
  public:
   explicit ReadProbe(ThreadPool& pool, size_t buffer_bytes = size_t{1} << 30);
@@ -21,12 +22,9 @@ class ReadProbe {
   double measure(int repeats = 5);
 
  private:
-  struct FreeDeleter {
-    void operator()(float* pointer) const { std::free(pointer); }
-  };
   ThreadPool& pool_;
   size_t bytes_ = 0;
-  std::unique_ptr<float, FreeDeleter> buffer_;
+  WeightBuffer<float> buffer_;
 };
 
 // One pass of reading [data, data + bytes) (bytes a multiple of 512); returns a value that depends on
