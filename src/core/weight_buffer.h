@@ -3,9 +3,8 @@
 // huge pages, so a decode step streaming gigabytes of them needs a TLB entry per 2 MiB instead of per
 // 4 KiB. Measured on Zen 4 (Linux with THP in "madvise" mode): one q8 stream of the E2B shape went from
 // 84-90% to 94-101% of the bandwidth probe (then itself on 4 KiB pages), and q8 products of 8 tokens ran
-// 3-20% faster. Weights used
-// in place come from the checkpoint's map, which MappedFile advises the same way.
-// Contents start unset: the loader writes every element.
+// 3-20% faster. Weights used in place come from the checkpoint's map, which MappedFile advises the
+// same way. Contents start unset: the loader writes every element.
 #pragma once
 
 #include <cstddef>
