@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "backend/reference/kernels.h"
+#include "core/argmax.h"
 
 namespace gemma4rt {
 
@@ -29,8 +29,7 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count,
 }
 
 int32_t argmax(std::span<const float> logits) {
-  // The host's scalar argmax is the reference kernel's: lowest id on ties, NaN never chosen.
-  return static_cast<int32_t>(reference::argmax(logits.data(), static_cast<int64_t>(logits.size())));
+  return static_cast<int32_t>(argmax_of(logits.data(), static_cast<int64_t>(logits.size())));
 }
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), random_(options.seed) {}

@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "core/argmax.h"
+
 namespace gemma4rt::reference {
 
 void matmul(const float* x, int64_t rows, const TensorView& weight, float* y) { matmul(x, rows, weight, y, 0, weight.shape[0]); }
@@ -63,17 +65,7 @@ float log_sum_exp(const float* values, int64_t size) {
   return maximum + static_cast<float>(std::log(total));
 }
 
-int64_t argmax(const float* values, int64_t size) {
-  float best_value = -std::numeric_limits<float>::infinity();
-  int64_t best = 0;
-  for (int64_t i = 0; i < size; ++i) {
-    if (values[i] > best_value) {
-      best_value = values[i];
-      best = i;
-    }
-  }
-  return best;
-}
+int64_t argmax(const float* values, int64_t size) { return argmax_of(values, size); }
 
 void apply_rope(float* head, int64_t head_dim, const float* cos, const float* sin) {
   const int64_t half = head_dim / 2;

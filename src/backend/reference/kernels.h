@@ -29,7 +29,7 @@ void softmax(float* values, int64_t size);
 float log_sum_exp(const float* values, int64_t size);
 
 // The index of the largest value, the lowest on ties; NaN is never chosen; 0 when nothing is larger
-// than -inf.
+// than -inf (core/argmax.h, the host's one definition).
 int64_t argmax(const float* values, int64_t size);
 
 // Rotates one head in place, "rotate half" convention: pairs (j, j + head_dim/2).
