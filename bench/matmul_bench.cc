@@ -276,9 +276,8 @@ void run_product(const MatmulCase& c, const PreparedActivations& prepared, const
   });
 }
 
-std::vector<float> random_activations(int64_t tokens, int64_t cols) {
+std::vector<float> random_activations(int64_t tokens, int64_t cols, uint64_t seed = 99) {
   std::vector<float> x(static_cast<size_t>(tokens * cols));
-  uint64_t seed = 99;
   for (float& value : x) value = static_cast<float>(next_random(seed) % 2001) * 1e-3f - 1.0f;
   return x;
 }
@@ -348,9 +347,7 @@ void RunBatchCost(benchmark::State& state, MatmulCase c) {
 }
 
 void RunPrepare(benchmark::State& state, WeightFormat format, int64_t tokens, int64_t cols) {
-  std::vector<float> x(static_cast<size_t>(tokens * cols));
-  uint64_t seed = 7;
-  for (float& value : x) value = static_cast<float>(next_random(seed) % 2001) * 1e-3f - 1.0f;
+  const std::vector<float> x = random_activations(tokens, cols, 7);
   PreparedActivations prepared;
   for (auto _ : state) {
     prepared.prepare(x.data(), tokens, cols, format);
