@@ -21,17 +21,17 @@ size_t mapped_bytes(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; 
 
 }  // namespace
 
-void* allocate_weight_storage(size_t bytes) {
+void* allocate_weight_storage(size_t bytes, const char* what) {
   if (bytes < kHugePageThreshold) {
     void* pointer = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (pointer == nullptr) fail("out of memory allocating {} bytes of weights", bytes);
+    if (pointer == nullptr) fail("out of memory allocating {} bytes for {}", bytes, what);
     return pointer;
   }
   // Map a huge page more than needed, keep the 2 MiB-aligned part and give back the rest, so every
   // whole 2 MiB of the buffer can be one huge page.
   const size_t size = mapped_bytes(bytes);
   void* reserved = ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (reserved == MAP_FAILED) fail("out of memory allocating {} bytes of weights: {}", bytes, std::strerror(errno));
+  if (reserved == MAP_FAILED) fail("out of memory allocating {} bytes for {}: {}", bytes, what, std::strerror(errno));
   const auto start = reinterpret_cast<uintptr_t>(reserved);
   const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
   if (aligned > start) ::munmap(reserved, aligned - start);

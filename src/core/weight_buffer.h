@@ -14,20 +14,20 @@ namespace gemma4rt {
 
 namespace detail {
 // `bytes` of storage: a huge-page-advised mapping from 1 MiB up, plain aligned memory below. Throws
-// Error when the system has no memory for it.
-void* allocate_weight_storage(size_t bytes);
+// Error, naming `what` the storage was for, when the system has no memory for it.
+void* allocate_weight_storage(size_t bytes, const char* what);
 void free_weight_storage(void* pointer, size_t bytes);
 }  // namespace detail
 
 template <class T>
 class WeightBuffer {
  public:
-  // Replaces the contents with `count` unset elements.
-  void resize(size_t count) {
+  // Replaces the contents with `count` unset elements; `what` names the buffer in an out-of-memory error.
+  void resize(size_t count, const char* what = "weights") {
     storage_.reset();
     size_ = 0;
     if (count == 0) return;
-    storage_ = Storage(static_cast<T*>(detail::allocate_weight_storage(count * sizeof(T))), Free{count * sizeof(T)});
+    storage_ = Storage(static_cast<T*>(detail::allocate_weight_storage(count * sizeof(T), what)), Free{count * sizeof(T)});
     size_ = count;
   }
   T* data() { return storage_.get(); }

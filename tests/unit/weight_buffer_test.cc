@@ -1,9 +1,12 @@
 // WeightBuffer: large buffers start on a 2 MiB boundary (so every whole 2 MiB can be a huge page) and
-// hold every element they were sized for; small ones are ordinary 64-byte-aligned memory.
+// hold every element they were sized for; small ones are ordinary 64-byte-aligned memory; a request the
+// system cannot map is an Error naming what the buffer was for.
 #include <cstdint>
+#include <string>
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "core/weight_buffer.h"
 
 namespace gemma4rt {
@@ -37,6 +40,21 @@ TEST(WeightBuffer, SmallAndEmptyBuffers) {
   EXPECT_EQ(buffer[999], 999);
   buffer.resize(0);
   EXPECT_EQ(buffer.size(), 0u);
+  EXPECT_EQ(buffer.data(), nullptr);
+}
+
+TEST(WeightBuffer, AnAllocationTheSystemRefusesNamesItsPurpose) {
+  WeightBuffer<float> buffer;
+  buffer.resize(16);
+  try {
+    buffer.resize(size_t{1} << 50, "the test's table");  // 4 PiB: more than any address space maps
+    FAIL() << "a 4 PiB buffer was allocated";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("out of memory allocating 4503599627370496 bytes for the test's table"), std::string::npos)
+        << message;
+  }
+  EXPECT_EQ(buffer.size(), 0u);  // the old contents were released first, and nothing replaced them
   EXPECT_EQ(buffer.data(), nullptr);
 }
 

@@ -22,7 +22,7 @@ float read_stream_scalar(const float* data, size_t bytes) {
 ReadProbe::ReadProbe(ThreadPool& pool, size_t buffer_bytes) : pool_(pool) {
   const size_t unit = 512 * static_cast<size_t>(pool.size());
   bytes_ = std::max(buffer_bytes / unit * unit, unit);
-  buffer_.resize(bytes_ / sizeof(float));
+  buffer_.resize(bytes_ / sizeof(float), "the bandwidth probe's buffer");
   const size_t share = bytes_ / pool.size();
   pool.run([&](int thread, int) { std::memset(reinterpret_cast<char*>(buffer_.data()) + share * thread, 1, share); });
 }
