@@ -1,6 +1,7 @@
 // Every op of the Vulkan backend against the reference backend, on the same inputs through the same
 // Backend interface (on lavapipe where there is no GPU): odd sizes, head dims up to 512, GQA groups
 // 1-8, ring-buffer wrap-around, K=V, bf16 KV, MoE top-k ties. Tolerances are stated per op.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -15,6 +16,7 @@
 #include "backend/cpu/kernels/matmul.h"
 #include "backend/reference/kernels.h"
 #include "backend/registry.h"
+#include "core/argmax.h"
 #include "core/bf16.h"
 #include "engine/rope.h"
 #include "test_support.h"
@@ -224,6 +226,26 @@ TEST_F(VulkanOps, ElementwiseOps) {
     std::vector<int32_t> result(2);
     device->download(ids, 0, result.data(), sizeof(int32_t) * 2);
     EXPECT_EQ(result, (std::vector<int32_t>{17, 0})) << device->name();
+  }
+  // As the host's argmax_of: NaN is never chosen (here the first value of several lanes, which a lane
+  // once took unconditionally), a row of -inf gives 0, +inf wins.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), infinity = std::numeric_limits<float>::infinity();
+  std::vector<float> special(4 * 1000, 2.0f);
+  for (int i = 0; i < 64; i += 3) special[i] = nan;  // row 0: the largest value sits behind NaNs
+  special[128] = 3.0f;
+  std::fill(special.begin() + 1000, special.begin() + 2000, -infinity);  // row 1: nothing above -inf
+  std::fill(special.begin() + 2000, special.begin() + 3000, nan);        // row 2: all NaN
+  special[2000 + 700] = -5.0f;
+  special[3000 + 999] = infinity;  // row 3
+  special[3000 + 5] = nan;
+  const std::vector<int32_t> expected = {128, 0, 700, 999};
+  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(argmax_of(special.data() + 1000 * r, 1000), expected[r]) << "host row " << r;
+  for (Backend* device : {reference_.get(), vulkan_.get()}) {
+    const Buffer ids = device->allocate(4 * sizeof(int32_t));
+    device->argmax(device->upload_constant(special), 4, 1000, ids);
+    std::vector<int32_t> result(4);
+    device->download(ids, 0, result.data(), sizeof(int32_t) * 4);
+    EXPECT_EQ(result, expected) << device->name();
   }
 }
 
