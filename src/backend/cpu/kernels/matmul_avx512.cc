@@ -8,10 +8,10 @@
 // addition tree (reduce4): an output's value never depends on which tile or row range it was in.
 // Decode of one token streams one weight row at a time, with software prefetch (K cut into chunks when
 // the activations outgrow L1); 2-16 tokens take tiles of up to 8 tokens x 3 rows (run_batch; q8 and q4:
-// 4 tokens x 3 rows of superblocks, superblock_tile; q8 steps of up to 8 tokens with short rows: 8
-// tokens x 1 row); prefill walks L2-sized blocks of rows with tiles
-// of up to 6 tokens x 4 rows. bf16 prefill with vdpbf16ps does not come here: it packs the weights into
-// panels with the output rows in the lanes (prefill_panels_avx512.cc).
+// 4 tokens x 3 rows of superblocks, superblock_tile; q8 steps of up to 8 tokens and q4 of up to 4 with
+// short rows: one row); prefill walks L2-sized blocks of rows with tiles of up to 6 tokens x 4 rows.
+// bf16 prefill with vdpbf16ps does not come here: it packs the weights into panels with the output rows
+// in the lanes (prefill_panels_avx512.cc).
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (GCC bug 105593) once they are inlined into these kernels.
@@ -207,10 +207,9 @@ struct SuperblockRowLoads : SuperblockVnni {
 
 struct Q8Vnni : SuperblockRowLoads<Q8Vnni> {
   static constexpr int64_t kWeightBits = 8;
-  // Steps of up to 8 tokens whose activations all stay in L1 take tiles of 8 tokens x one row, each row
-  // read once in order as a single token's is: on a 2-core Zen 5 such products (K = 1536 and 2048,
-  // LM head included) took 20-35% less time at 2-8 tokens than in 4 x 3 tiles (interleaved A/B); at 16
-  // tokens, at long K (the activations from L2 for every row) and in q4 and bf16 they were slower.
+  // Steps of up to 8 tokens with few activations take tiles of 8 tokens x one row (run, below): on a
+  // 2-core Zen 5 such q8 products (K = 1536 and 2048, LM head included) took 20-35% less time at 2-8
+  // tokens than in 4 x 3 tiles (interleaved A/B); at 16 tokens and in bf16 one row measured slower.
   static constexpr int kOneRowBatchTokens = 8;
   struct Row { const uint8_t* codes; const float* scales; };
   static Row row(const MatmulOperands& op, int64_t r) {
@@ -235,6 +234,9 @@ struct Q8Vnni : SuperblockRowLoads<Q8Vnni> {
 // Each of a q4 superblock's four 64-byte vectors gives two vectors of codes: low nibbles, high nibbles.
 struct Q4Vnni : SuperblockRowLoads<Q4Vnni> {
   static constexpr int64_t kWeightBits = 4;
+  // q4's rows carry half q8's bytes, so its arithmetic weighs more: one-row tiles measured 10-33% faster
+  // at 2-4 tokens on the Zen 5, and 8-30% slower at 8 (where 4 x 3 tiles keep it closer to the compute roof).
+  static constexpr int kOneRowBatchTokens = 4;
   struct Row { const uint8_t* nibbles; const uint16_t* scales; };
   static Row row(const MatmulOperands& op, int64_t r) {
     return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
@@ -526,6 +528,13 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// Steps of a policy's kOneRowBatchTokens tokens or fewer whose activations take no more than this read
+// the weights one row at a time, in order, like a single token: the stream a core's prefetchers
+// follow best, with the activations (20 KiB: 8 q8 tokens of 2048 values) staying in L1 beside it. With
+// more (4 q4 tokens of 6144 values: 30 KiB) one-row tiles measured up to a quarter slower, as every row
+// then takes them from L2.
+constexpr int64_t kOneRowActivationBytes = 20 * 1024;
+
 // A few tokens (a decode step of several sequences): tiles of up to kBatchTokens tokens x kBatchRows
 // rows, so each weight vector loaded feeds several tokens and each activation vector several rows
 // (single-row tiles spend a load on every multiply-add and stay below the compute roof). As in
@@ -535,8 +544,8 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
 // superblock's lines, two segments ahead: the requests then spread over the whole group's arithmetic
 // instead of only its first tile's. On a 2-core Zen 5 this took 8-token q8 products with K = 1536 4-6%
 // faster (interleaved A/B; 4 and 16 tokens and the long-K products unchanged); the previous Zen 4 host
-// had measured splitting alone flat. A policy's kOneRowBatchTokens (q8: 8) has steps of that many
-// tokens or fewer whose activations fit L1 take tiles of one row instead (run, below).
+// had measured splitting alone flat. Steps with few tokens and short rows take one-row tiles instead
+// (kOneRowActivationBytes, above).
 constexpr int kBatchMaxTokens = 16;
 constexpr int64_t kBatchBlockRows = 12;  // a multiple of every kBatchRows
 constexpr int64_t kStagedRows = 4 * kBatchBlockRows;  // 48 outputs: 3 cache lines per token
@@ -597,7 +606,7 @@ void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
   if (op.tokens == 1) return run_decode<P>(op, row_begin, row_end);
   if constexpr (P::kOneRowBatchTokens > 0) {
-    if (op.tokens <= P::kOneRowBatchTokens && decode_chunk<P>(op) == op.cols) {
+    if (op.tokens <= P::kOneRowBatchTokens && op.tokens * op.cols * P::kActivationBits / 8 <= kOneRowActivationBytes) {
       return run_batch<P, P::kOneRowBatchTokens, 1>(op, row_begin, row_end);
     }
   }
