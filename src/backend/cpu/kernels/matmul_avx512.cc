@@ -215,9 +215,8 @@ struct Q8Vnni : SuperblockRowLoads<Q8Vnni> {
   static Row row(const MatmulOperands& op, int64_t r) {
     return {static_cast<const uint8_t*>(op.w) + r * q8_packed_row_bytes(op.cols), op.w_scales + r * q8_blocks_per_row(op.cols)};
   }
-  static constexpr int kLines = 8;  // cache lines of one row's superblock
-  static void prefetch(const Row& row, int64_t k, int64_t offset, int first_line = 0, int end_line = kLines) {
-    for (int line = first_line; line < end_line; ++line) prefetch_line(row.codes + k + offset, 64 * line);
+  static void prefetch(const Row& row, int64_t k, int64_t offset) {
+    for (int line = 0; line < 8; ++line) prefetch_line(row.codes + k + offset, 64 * line);
   }
   static Codes load_codes(const Row& row, int64_t k, int v, int blocks) {
     if (blocks == 16) return {_mm512_loadu_si512(row.codes + k + 128 * v), _mm512_loadu_si512(row.codes + k + 128 * v + 64)};
@@ -241,9 +240,8 @@ struct Q4Vnni : SuperblockRowLoads<Q4Vnni> {
   static Row row(const MatmulOperands& op, int64_t r) {
     return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
   }
-  static constexpr int kLines = 4;
-  static void prefetch(const Row& row, int64_t k, int64_t offset, int first_line = 0, int end_line = kLines) {
-    for (int line = first_line; line < end_line; ++line) prefetch_line(row.nibbles + k / 2 + offset, 64 * line);
+  static void prefetch(const Row& row, int64_t k, int64_t offset) {
+    for (int line = 0; line < 4; ++line) prefetch_line(row.nibbles + k / 2 + offset, 64 * line);
   }
   static Codes load_codes(const Row& row, int64_t k, int v, int blocks) {
     const __m512i packed = blocks == 16 ? _mm512_loadu_si512(row.nibbles + k / 2 + 64 * v)
@@ -270,7 +268,6 @@ struct KRange {
   int64_t begin = 0, end = 0;     // multiples of kStep, except end == cols: this call finishes the sums
   __m512* carried = nullptr;      // [MT][NR] accumulators, when [begin, end) is not all of K
   int64_t prefetch_offset = 0;    // bytes from each weight load to the line prefetched (0: none)
-  int prefetch_share = 0, prefetch_shares = 1;  // superblock formats: which part of those lines this call takes
 };
 
 // A tile's operand pointers: rows past row_count repeat the last valid one.
@@ -393,12 +390,10 @@ inline __m512i in_register(__m512i value) {
 // which multi-token tile it came from.
 template <class P, int MT, int NR, bool kTail>
 inline void superblock_step(const typename P::Row (&rows)[NR], const typename P::Token (&tokens)[MT], int64_t k,
-                            int blocks, const KRange& range, __m512 (&acc)[MT][NR]) {
-  if (range.prefetch_offset != 0) {
-    const int first = P::kLines * range.prefetch_share / range.prefetch_shares;
-    const int end = P::kLines * (range.prefetch_share + 1) / range.prefetch_shares;
+                            int blocks, int64_t prefetch_offset, __m512 (&acc)[MT][NR]) {
+  if (prefetch_offset != 0) {
 #pragma GCC unroll 4
-    for (int i = 0; i < NR; ++i) P::prefetch(rows[i], k, range.prefetch_offset, first, end);
+    for (int i = 0; i < NR; ++i) P::prefetch(rows[i], k, prefetch_offset);
   }
   const int lanes = kTail ? blocks : 16;
   typename P::XVec x[MT];
@@ -448,9 +443,9 @@ void superblock_tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t r
   const int64_t full = cols - cols % P::kStep;
   const int64_t stop = range.end < full ? range.end : full;
   int64_t k = range.begin;
-  for (; k < stop; k += P::kStep) superblock_step<P, MT, NR, false>(rows, tokens, k, 16, range, acc);
+  for (; k < stop; k += P::kStep) superblock_step<P, MT, NR, false>(rows, tokens, k, 16, range.prefetch_offset, acc);
   if (range.end < cols) return carry_sums(range, acc);
-  if (k < cols) superblock_step<P, MT, NR, true>(rows, tokens, k, tail_blocks(cols - k), KRange{}, acc);
+  if (k < cols) superblock_step<P, MT, NR, true>(rows, tokens, k, tail_blocks(cols - k), 0, acc);
   const __m512 zero = _mm512_setzero_ps();
 #pragma GCC unroll 8
   for (int t = 0; t < MT; ++t) {
@@ -540,12 +535,10 @@ constexpr int64_t kOneRowActivationBytes = 20 * 1024;
 // (single-row tiles spend a load on every multiply-add and stay below the compute roof). As in
 // run_decode, K is cut into chunks whose activations (all tokens) stay in L1 while blocks of rows take
 // turns per chunk; every token tile of a group of rows reads the group's chunk from L1, and the first
-// prefetches the segment read after it. In q8 and q4 every token tile prefetches its share of each
-// superblock's lines, two segments ahead: the requests then spread over the whole group's arithmetic
-// instead of only its first tile's. On a 2-core Zen 5 this took 8-token q8 products with K = 1536 4-6%
-// faster (interleaved A/B; 4 and 16 tokens and the long-K products unchanged); the previous Zen 4 host
-// had measured splitting alone flat. Steps with few tokens and short rows take one-row tiles instead
-// (kOneRowActivationBytes, above).
+// prefetches the segment read after it. Steps with few tokens and short rows take one-row tiles instead
+// (kOneRowActivationBytes, above). Spreading the prefetches over all token tiles of a group, two groups
+// ahead, measured 4-6% faster for 8 q8 tokens in 4 x 3 tiles on a Zen 5, but those products now take
+// one-row tiles, and where 4 x 3 tiles remain (16 tokens, long K, q4 at 8) it measured 3-9% slower.
 constexpr int kBatchMaxTokens = 16;
 constexpr int64_t kBatchBlockRows = 12;  // a multiple of every kBatchRows
 constexpr int64_t kStagedRows = 4 * kBatchBlockRows;  // 48 outputs: 3 cache lines per token
@@ -565,7 +558,9 @@ void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   local.y = staged;
   local.y_stride = kStagedRows;
   const int64_t row_bytes = weight_bytes_of<P>(op.cols);
-  constexpr bool kSuperblocks = P::kStep == kQ4SuperblockValues;
+  // One-row tiles (whole rows, read in order) prefetch one row further than the next: 2-5% faster at 4
+  // and 8 tokens in q8 and q4 on the Zen 5.
+  const int64_t ahead = NR == 1 ? row_bytes : 0;
   for (int64_t stage = row_begin; stage < row_end; stage += kStagedRows) {
     const int64_t stage_end = smaller(stage + kStagedRows, row_end);
     local.y_first_row = stage;
@@ -581,12 +576,7 @@ void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
           for (int64_t tile_index = 0; tile_index < tiles; ++tile_index) {
             // Equal tiles (16 tokens: 8 + 8, 12: 6 + 6): none left with a token or two.
             const int64_t t0 = op.tokens * tile_index / tiles, t1 = op.tokens * (tile_index + 1) / tiles;
-            KRange range{k0, k1, chunk == op.cols ? nullptr : carried[group][tile_index], tile_index == 0 ? next - here : 0};
-            if (kSuperblocks) {  // see above: every tile its share, one group further ahead
-              range.prefetch_offset = next - here + NR * row_bytes;
-              range.prefetch_share = static_cast<int>(tile_index);
-              range.prefetch_shares = static_cast<int>(tiles);
-            }
+            const KRange range{k0, k1, chunk == op.cols ? nullptr : carried[group][tile_index], tile_index == 0 ? next - here + ahead : 0};
             tile_for_tokens<P, MT, NR>(t1 - t0, local, t0, r0, smaller(NR, block_end - r0), range);
           }
         }
