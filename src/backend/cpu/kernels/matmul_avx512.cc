@@ -8,8 +8,8 @@
 // addition tree (reduce4): an output's value never depends on which tile or row range it was in.
 // Decode of one token streams one weight row at a time, with software prefetch (K cut into chunks when
 // the activations outgrow L1); 2-16 tokens take tiles of up to 8 tokens x 3 rows (run_batch; q8 and q4:
-// 4 tokens x 3 rows of superblocks, superblock_tile; q8 steps of up to 8 tokens and q4 of up to 4 with
-// short rows: one row); prefill walks L2-sized blocks of rows with tiles of up to 6 tokens x 4 rows.
+// 4 tokens x 3 rows of superblocks, superblock_tile; q8 steps of up to 8 tokens and q4 of up to 4: one
+// row, long rows in segments, takes_one_row_tiles); prefill walks L2-sized blocks of rows with tiles of up to 6 tokens x 4 rows.
 // bf16 prefill with vdpbf16ps does not come here: it packs the weights into panels with the output rows
 // in the lanes (prefill_panels_avx512.cc).
 
@@ -207,9 +207,9 @@ struct SuperblockRowLoads : SuperblockVnni {
 
 struct Q8Vnni : SuperblockRowLoads<Q8Vnni> {
   static constexpr int64_t kWeightBits = 8;
-  // Steps of up to 8 tokens with few activations take tiles of 8 tokens x one row (run, below): on a
-  // 2-core Zen 5 such q8 products (K = 1536 and 2048, LM head included) took 20-35% less time at 2-8
-  // tokens than in 4 x 3 tiles (interleaved A/B); at 16 tokens and in bf16 one row measured slower.
+  // Steps of up to 8 tokens take tiles of 8 tokens x one row (takes_one_row_tiles, below): on a 2-core
+  // Zen 5 such q8 products (K = 1536 and 2048, LM head included) took 20-35% less time at 2-8 tokens
+  // than in 4 x 3 tiles (interleaved A/B); at 16 tokens and in bf16 one row measured slower.
   static constexpr int kOneRowBatchTokens = 8;
   struct Row { const uint8_t* codes; const float* scales; };
   static Row row(const MatmulOperands& op, int64_t r) {
@@ -523,12 +523,29 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   }
 }
 
-// Steps of a policy's kOneRowBatchTokens tokens or fewer whose activations take no more than this read
-// the weights one row at a time, in order, like a single token: the stream a core's prefetchers
-// follow best, with the activations (20 KiB: 8 q8 tokens of 2048 values) staying in L1 beside it. With
-// more (4 q4 tokens of 6144 values: 30 KiB) one-row tiles measured up to a quarter slower, as every row
-// then takes them from L2.
+// Steps of a policy's kOneRowBatchTokens tokens or fewer read the weights one row at a time, in order,
+// like a single token: the stream a core's prefetchers follow best. The activations a row segment
+// meets stay in L1 beside it: at most this many bytes (20 KiB: 8 q8 tokens of 2048 values); longer rows
+// are cut into segments of that many values, blocks of rows taking turns per segment as in run_decode.
+// With 30 KiB, every row took them from L2 (one-row tiles up to a quarter slower than 4 x 3).
 constexpr int64_t kOneRowActivationBytes = 20 * 1024;
+
+// Whether a step takes one-row tiles: few enough tokens, and short rows, or else at least half the
+// policy's count. Long rows cut into segments paid off at 6-8 q8 tokens and 4 q4 tokens (1536x6144
+// and 1536x12288: 8-17% less time than 4 x 3 tiles), not at 2-4 q8 tokens (2-10% more).
+template <class P>
+bool takes_one_row_tiles(const MatmulOperands& op) {
+  if (op.tokens > P::kOneRowBatchTokens) return false;
+  return op.tokens * op.cols * P::kActivationBits / 8 <= kOneRowActivationBytes || 2 * op.tokens > P::kOneRowBatchTokens;
+}
+
+// Values of K per segment of a one-row step: all of it, or what keeps the activations within
+// kOneRowActivationBytes (whole superblocks).
+template <class P>
+int64_t one_row_chunk(const MatmulOperands& op) {
+  const int64_t chunk = kOneRowActivationBytes * 8 / (op.tokens * P::kActivationBits) / P::kStep * P::kStep;
+  return chunk >= op.cols ? op.cols : chunk < P::kStep ? P::kStep : chunk;
+}
 
 // A few tokens (a decode step of several sequences): tiles of up to kBatchTokens tokens x kBatchRows
 // rows, so each weight vector loaded feeds several tokens and each activation vector several rows
@@ -546,7 +563,7 @@ constexpr int64_t kStagedRows = 4 * kBatchBlockRows;  // 48 outputs: 3 cache lin
 template <class P, int MT = P::kBatchTokens, int NR = P::kBatchRows>
 void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   static_assert(kBatchBlockRows % NR == 0, "blocks hold whole groups of rows");
-  const int64_t chunk = decode_chunk<P>(op);
+  const int64_t chunk = NR == 1 ? one_row_chunk<P>(op) : decode_chunk<P>(op);
   const int64_t tiles = (op.tokens + MT - 1) / MT;
   alignas(64) __m512 carried[kBatchBlockRows / NR][(kBatchMaxTokens + MT - 1) / MT][MT * NR];
   // Outputs are staged here and copied out every kStagedRows rows, whole cache lines per token: the
@@ -558,9 +575,7 @@ void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   local.y = staged;
   local.y_stride = kStagedRows;
   const int64_t row_bytes = weight_bytes_of<P>(op.cols);
-  // One-row tiles (whole rows, read in order) prefetch one row further than the next: 2-5% faster at 4
-  // and 8 tokens in q8 and q4 on the Zen 5.
-  const int64_t ahead = NR == 1 ? row_bytes : 0;
+  auto segment = [&](int64_t row, int64_t k) { return row * row_bytes + weight_bytes_of<P>(k); };
   for (int64_t stage = row_begin; stage < row_end; stage += kStagedRows) {
     const int64_t stage_end = smaller(stage + kStagedRows, row_end);
     local.y_first_row = stage;
@@ -569,14 +584,19 @@ void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
       for (int64_t k0 = 0; k0 < op.cols; k0 += chunk) {
         const int64_t k1 = op.cols - k0 <= chunk ? op.cols : k0 + chunk;
         for (int64_t r0 = block, group = 0; r0 < block_end; r0 += NR, ++group) {
-          const int64_t here = r0 * row_bytes + weight_bytes_of<P>(k0);
-          const int64_t next = r0 + NR < block_end ? here + NR * row_bytes
-                               : k1 < op.cols      ? block * row_bytes + weight_bytes_of<P>(k1)
-                                                   : block_end * row_bytes;
+          const int64_t here = segment(r0, k0);
+          // What the first tile prefetches: the segment read next after this group's, or for one-row
+          // tiles the one after that (2-5% faster at 4 and 8 tokens on the Zen 5; with long rows cut
+          // into segments, counting past the block's last row into the next segment or block).
+          const int64_t skip = NR == 1 ? 2 : NR, in_block = block_end - block, i = r0 - block;
+          const int64_t past = NR == 1 ? smaller(i + skip - in_block, in_block - 1) : 0;
+          const int64_t prefetched = i + skip < in_block ? segment(r0 + skip, k0)
+                                     : k1 < op.cols      ? segment(block + past, k1)
+                                                         : segment(block_end + past, 0);
           for (int64_t tile_index = 0; tile_index < tiles; ++tile_index) {
             // Equal tiles (16 tokens: 8 + 8, 12: 6 + 6): none left with a token or two.
             const int64_t t0 = op.tokens * tile_index / tiles, t1 = op.tokens * (tile_index + 1) / tiles;
-            const KRange range{k0, k1, chunk == op.cols ? nullptr : carried[group][tile_index], tile_index == 0 ? next - here + ahead : 0};
+            const KRange range{k0, k1, chunk == op.cols ? nullptr : carried[group][tile_index], tile_index == 0 ? prefetched - here : 0};
             tile_for_tokens<P, MT, NR>(t1 - t0, local, t0, r0, smaller(NR, block_end - r0), range);
           }
         }
@@ -596,9 +616,7 @@ void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
   if (op.tokens == 1) return run_decode<P>(op, row_begin, row_end);
   if constexpr (P::kOneRowBatchTokens > 0) {
-    if (op.tokens <= P::kOneRowBatchTokens && op.tokens * op.cols * P::kActivationBits / 8 <= kOneRowActivationBytes) {
-      return run_batch<P, P::kOneRowBatchTokens, 1>(op, row_begin, row_end);
-    }
+    if (takes_one_row_tiles<P>(op)) return run_batch<P, P::kOneRowBatchTokens, 1>(op, row_begin, row_end);
   }
   if (op.tokens <= kBatchMaxTokens) return run_batch<P>(op, row_begin, row_end);
   const KRange whole{0, op.cols, nullptr, 0};
