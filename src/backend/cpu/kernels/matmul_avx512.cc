@@ -9,9 +9,9 @@
 // Decode of one token streams one weight row at a time, with software prefetch (K cut into chunks when
 // the activations outgrow L1); 2-16 tokens take tiles of up to 8 tokens x 3 rows (run_batch; q8 and q4:
 // 4 tokens x 3 rows of superblocks, superblock_tile; q8 steps of up to 8 tokens and q4 of up to 4: one
-// row, long rows in segments, takes_one_row_tiles); prefill walks L2-sized blocks of rows with tiles of up to 6 tokens x 4 rows.
-// bf16 prefill with vdpbf16ps does not come here: it packs the weights into panels with the output rows
-// in the lanes (prefill_panels_avx512.cc).
+// row, long rows in segments, takes_one_row_tiles); prefill walks L2-sized blocks of rows with tiles of
+// up to 6 tokens x 4 rows. bf16 prefill with vdpbf16ps does not come here: it packs the weights into
+// panels with the output rows in the lanes (prefill_panels_avx512.cc).
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (GCC bug 105593) once they are inlined into these kernels.
