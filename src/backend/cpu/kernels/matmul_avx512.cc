@@ -530,8 +530,8 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
 // With 30 KiB, every row took them from L2 (one-row tiles up to a quarter slower than 4 x 3).
 constexpr int64_t kOneRowActivationBytes = 20 * 1024;
 
-// Whether a step takes one-row tiles: few enough tokens, and short rows, or else at least half the
-// policy's count. Long rows cut into segments paid off at 6-8 q8 tokens and 4 q4 tokens (1536x6144
+// Whether a step takes one-row tiles: few enough tokens, and short rows or more than half the policy's
+// count. Long rows cut into segments paid off at 6-8 q8 tokens and 4 q4 tokens (1536x6144
 // and 1536x12288: 8-17% less time than 4 x 3 tiles), not at 2-4 q8 tokens (2-10% more).
 template <class P>
 bool takes_one_row_tiles(const MatmulOperands& op) {
@@ -552,8 +552,8 @@ int64_t one_row_chunk(const MatmulOperands& op) {
 // (single-row tiles spend a load on every multiply-add and stay below the compute roof). As in
 // run_decode, K is cut into chunks whose activations (all tokens) stay in L1 while blocks of rows take
 // turns per chunk; every token tile of a group of rows reads the group's chunk from L1, and the first
-// prefetches the segment read after it. Steps with few tokens and short rows take one-row tiles instead
-// (kOneRowActivationBytes, above). Spreading the prefetches over all token tiles of a group, two groups
+// prefetches the segment read after it. Steps of few tokens take one-row tiles instead
+// (takes_one_row_tiles, above). Spreading the prefetches over all token tiles of a group, two groups
 // ahead, measured 4-6% faster for 8 q8 tokens in 4 x 3 tiles on a Zen 5, but those products now take
 // one-row tiles, and where 4 x 3 tiles remain (16 tokens, long K, q4 at 8) it measured 3-9% slower.
 constexpr int kBatchMaxTokens = 16;
