@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 
@@ -21,7 +22,12 @@ size_t mapped_bytes(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; 
 
 }  // namespace
 
-void* allocate_weight_storage(size_t bytes, const char* what) {
+void* allocate_weight_storage(size_t count, size_t element_bytes, const char* what) {
+  // Half the address space is more than any system maps, and keeps the page rounding below from wrapping.
+  if (element_bytes != 0 && count > std::numeric_limits<size_t>::max() / 2 / element_bytes) {
+    fail("out of memory allocating {} elements of {} bytes for {}: more than the address space", count, element_bytes, what);
+  }
+  const size_t bytes = count * element_bytes;
   if (bytes < kHugePageThreshold) {
     void* pointer = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (pointer == nullptr) fail("out of memory allocating {} bytes for {}", bytes, what);

@@ -13,9 +13,10 @@
 namespace gemma4rt {
 
 namespace detail {
-// `bytes` of storage: a huge-page-advised mapping from 1 MiB up, plain aligned memory below. Throws
-// Error, naming `what` the storage was for, when the system has no memory for it.
-void* allocate_weight_storage(size_t bytes, const char* what);
+// `count` elements of `element_bytes` each: a huge-page-advised mapping from 1 MiB up, plain aligned
+// memory below. Throws Error, naming `what` the storage was for, when the system has no memory for it
+// or the size does not fit in size_t.
+void* allocate_weight_storage(size_t count, size_t element_bytes, const char* what);
 void free_weight_storage(void* pointer, size_t bytes);
 }  // namespace detail
 
@@ -27,7 +28,7 @@ class WeightBuffer {
     storage_.reset();
     size_ = 0;
     if (count == 0) return;
-    storage_ = Storage(static_cast<T*>(detail::allocate_weight_storage(count * sizeof(T), what)), Free{count * sizeof(T)});
+    storage_ = Storage(static_cast<T*>(detail::allocate_weight_storage(count, sizeof(T), what)), Free{count * sizeof(T)});
     size_ = count;
   }
   T* data() { return storage_.get(); }

@@ -2,6 +2,7 @@
 // hold every element they were sized for; small ones are ordinary 64-byte-aligned memory; a request the
 // system cannot map is an Error naming what the buffer was for.
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -56,6 +57,15 @@ TEST(WeightBuffer, AnAllocationTheSystemRefusesNamesItsPurpose) {
   }
   EXPECT_EQ(buffer.size(), 0u);  // the old contents were released first, and nothing replaced them
   EXPECT_EQ(buffer.data(), nullptr);
+  // A count whose bytes do not fit in size_t is refused, not wrapped around to a small buffer.
+  try {
+    buffer.resize(std::numeric_limits<size_t>::max() / 2, "the test's table");
+    FAIL() << "a buffer of 2^63 floats was allocated";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("elements of 4 bytes for the test's table: more than the address space"), std::string::npos) << message;
+  }
+  EXPECT_EQ(buffer.size(), 0u);
 }
 
 }  // namespace
