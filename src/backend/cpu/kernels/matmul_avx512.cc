@@ -487,13 +487,23 @@ constexpr int kDecodeBlockRows = 8;
 // 16 KiB a step of 8 sequences through a 1536 x 12288 q8 weight took 1.2-1.3x as long.
 constexpr int64_t kSuperblockChunkBytes = 80 * 1024;
 
+// Bytes of the prepared activations of all the step's tokens over the whole of K.
+template <class P>
+int64_t activation_bytes(const MatmulOperands& op) { return op.tokens * op.cols * P::kActivationBits / 8; }
+
+// Values of K, a multiple of `unit` and at least one, whose activations (all tokens) take at most `bytes`.
+template <class P>
+int64_t values_within(const MatmulOperands& op, int64_t bytes, int64_t unit) {
+  const int64_t values = bytes * 8 / (op.tokens * P::kActivationBits) / unit * unit;
+  return values < unit ? unit : values;
+}
+
 // Values of K per chunk: all of it while the tokens' activations fit L1, else what fills half of it.
 template <class P>
 int64_t decode_chunk(const MatmulOperands& op) {
-  if (op.tokens * op.cols * P::kActivationBits / 8 <= kDecodeActivationLimit) return op.cols;
+  if (activation_bytes<P>(op) <= kDecodeActivationLimit) return op.cols;
   const int64_t chunk_bytes = P::kStep == kQ4SuperblockValues ? kSuperblockChunkBytes : kDecodeChunkBytes;
-  const int64_t chunk = chunk_bytes * 8 / (op.tokens * P::kActivationBits) / (2 * P::kStep) * (2 * P::kStep);
-  return chunk < 2 * P::kStep ? 2 * P::kStep : chunk;
+  return values_within<P>(op, chunk_bytes, 2 * P::kStep);
 }
 
 template <class P>
@@ -536,15 +546,15 @@ constexpr int64_t kOneRowActivationBytes = 20 * 1024;
 template <class P>
 bool takes_one_row_tiles(const MatmulOperands& op) {
   if (op.tokens > P::kOneRowBatchTokens) return false;
-  return op.tokens * op.cols * P::kActivationBits / 8 <= kOneRowActivationBytes || 2 * op.tokens > P::kOneRowBatchTokens;
+  return activation_bytes<P>(op) <= kOneRowActivationBytes || 2 * op.tokens > P::kOneRowBatchTokens;
 }
 
 // Values of K per segment of a one-row step: all of it, or what keeps the activations within
 // kOneRowActivationBytes (whole superblocks).
 template <class P>
 int64_t one_row_chunk(const MatmulOperands& op) {
-  const int64_t chunk = kOneRowActivationBytes * 8 / (op.tokens * P::kActivationBits) / P::kStep * P::kStep;
-  return chunk >= op.cols ? op.cols : chunk < P::kStep ? P::kStep : chunk;
+  const int64_t chunk = values_within<P>(op, kOneRowActivationBytes, P::kStep);
+  return chunk >= op.cols ? op.cols : chunk;
 }
 
 // A few tokens (a decode step of several sequences): tiles of up to kBatchTokens tokens x kBatchRows
