@@ -7,12 +7,18 @@
 // step, and each sum ends in a horizontal reduction. Here a block of weight rows is first packed into
 // panels of 64 rows, pair-interleaved: for each pair of K values, the 64 rows' two bf16 as 64 u32, so one
 // 64-byte load holds one pair of 16 rows and vdpbf16ps multiplies it by one token's pair broadcast from
-// memory (a 4-byte load). A tile of 6 tokens x 64 rows keeps its 24 sums in registers over the whole of
-// K; per pair it reads 256 contiguous panel bytes and 6 broadcasts for 24 vdpbf16ps, so neither the
-// load ports nor L2 set the pace, and the sums are stored straight into the outputs' rows.
+// memory (a 4-byte load). A tile of 6 tokens x 64 rows keeps its 24 sums in registers over a stretch of
+// K (all of it for rows up to 2,048 values); per pair it reads 256 contiguous panel bytes and 6
+// broadcasts for 24 vdpbf16ps, so neither the load ports nor L2 set the pace, and the sums are stored
+// straight into the outputs' rows, where the next stretch picks them up.
 //
 // Each output is one lane's chain of vdpbf16ps over K's pairs in order, the same whichever token tile,
-// panel or thread range it falls in, so splitting rows across threads never changes results (bitwise).
+// panel, stretch or thread range it falls in, so splitting rows across threads never changes results
+// (bitwise).
+//
+// Packing reads the weights from memory while no tile runs. Prefetching the next block during the
+// current one's tiles did not help (Zen 5: within 1%; even plain loads of it had left L2 again by the
+// time it was packed, pushed out by the tiles' activations), so there is none.
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (GCC bug 105593) once they are inlined into these kernels.
@@ -36,9 +42,14 @@ namespace {
 constexpr int kPanelVectors = 4;                    // output vectors of 16 rows
 constexpr int64_t kPanelRows = 16 * kPanelVectors;  // 64 rows per panel
 constexpr int kTileTokens = 6;                      // 24 sums + 4 weight vectors of the 32 registers
-// Packed bytes per block of rows (at least one panel): the block stays in L2 (1 MiB on Zen 4) while
-// every token tile sweeps it, so each weight byte comes from memory once per call.
+// Packed bytes per block of rows (at least one panel): the block stays in L2 (1 MiB on Zen 4 and 5)
+// while every token tile sweeps it, so each weight byte comes from memory once per call.
 constexpr int64_t kBlockBytes = 512 * 1024;
+// Long rows are packed and swept a stretch of K at a time, so that a panel is at most this many bytes:
+// a whole panel of 12,288 values (1.5 MiB) did not fit in L2 and its products ran 8-10% slower
+// (1536 x 12288, 24-512 tokens, Zen 5). Stretches of 1,024 pairs measured faster than 256, 384, 768,
+// 1,536 and 2,048.
+constexpr int64_t kStretchPairs = 1024;
 
 inline int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -90,10 +101,11 @@ inline void transpose16(__m512i (&rows)[16]) {
   }
 }
 
-// Packs rows [r0, r0 + rows) of the bf16 matrix w ([.][cols]) into panels of kPanelRows: panel p, pair
-// j, row i at out[(p * pairs + j) * kPanelRows + i] holds W[r0 + 64p + i][2j .. 2j + 1] as one u32.
-// Rows past `rows` and the value past an odd `cols` are packed as zero.
-void pack_panels(const uint16_t* w, int64_t cols, int64_t r0, int64_t rows, uint32_t* out) {
+// Packs `cols` values of rows [r0, r0 + rows) of the bf16 matrix w (rows `row_stride` values apart)
+// into panels of kPanelRows: panel p, pair j, row i at out[(p * pairs + j) * kPanelRows + i] holds
+// W[r0 + 64p + i][2j .. 2j + 1] as one u32. Rows past `rows` and the value past an odd `cols` are packed
+// as zero.
+void pack_panels(const uint16_t* w, int64_t row_stride, int64_t cols, int64_t r0, int64_t rows, uint32_t* out) {
   const int64_t pairs = (cols + 1) / 2;
   for (int64_t panel = 0; panel * kPanelRows < rows; ++panel) {
     uint32_t* panel_out = out + panel * pairs * kPanelRows;
@@ -106,7 +118,7 @@ void pack_panels(const uint16_t* w, int64_t cols, int64_t r0, int64_t rows, uint
         __m512i block[16];
 #pragma GCC unroll 16
         for (int i = 0; i < 16; ++i) {
-          block[i] = i < valid_rows ? _mm512_maskz_loadu_epi16(mask, w + (r0 + first + i) * cols + 2 * j0) : _mm512_setzero_si512();
+          block[i] = i < valid_rows ? _mm512_maskz_loadu_epi16(mask, w + (r0 + first + i) * row_stride + 2 * j0) : _mm512_setzero_si512();
         }
         transpose16(block);
         const int64_t count = smaller(16, pairs - j0);
@@ -116,17 +128,30 @@ void pack_panels(const uint16_t* w, int64_t cols, int64_t r0, int64_t rows, uint
   }
 }
 
-// Tokens [t0, t0 + MT) x one packed panel of `rows` (<= 64) valid rows starting at output row r0.
+inline __mmask16 valid_lanes(int64_t valid) {
+  return valid >= 16 ? static_cast<__mmask16>(0xffff) : valid > 0 ? static_cast<__mmask16>((1u << valid) - 1u) : 0;
+}
+
+// Tokens [t0, t0 + MT) x one packed panel of `rows` (<= 64) valid rows starting at output row r0, over
+// the pairs [first_pair, first_pair + pairs) of K. After the first stretch of K the sums go on from
+// what the outputs hold: a chain stored and reloaded as floats is the same chain.
 template <int MT>
-void panel_tile(const MatmulOperands& op, int64_t t0, const uint32_t* panel, int64_t pairs, int64_t r0, int64_t rows) {
+void panel_tile(const MatmulOperands& op, int64_t t0, const uint32_t* panel, int64_t first_pair, int64_t pairs, int64_t r0,
+                int64_t rows) {
   const uint16_t* x[MT];
+  float* out[MT];
 #pragma GCC unroll 8
-  for (int t = 0; t < MT; ++t) x[t] = static_cast<const uint16_t*>(op.x) + (t0 + t) * op.x_stride;
+  for (int t = 0; t < MT; ++t) {
+    x[t] = static_cast<const uint16_t*>(op.x) + (t0 + t) * op.x_stride + 2 * first_pair;
+    out[t] = op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row;
+  }
   __m512 acc[MT][kPanelVectors];
 #pragma GCC unroll 8
   for (int t = 0; t < MT; ++t) {
 #pragma GCC unroll 4
-    for (int v = 0; v < kPanelVectors; ++v) acc[t][v] = _mm512_setzero_ps();
+    for (int v = 0; v < kPanelVectors; ++v) {
+      acc[t][v] = first_pair == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(valid_lanes(rows - 16 * v), out[t] + 16 * v);
+    }
   }
   for (int64_t j = 0; j < pairs; ++j) {
     __m512bh w[kPanelVectors];
@@ -143,57 +168,53 @@ void panel_tile(const MatmulOperands& op, int64_t t0, const uint32_t* panel, int
   }
 #pragma GCC unroll 8
   for (int t = 0; t < MT; ++t) {
-    float* out = op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row;
 #pragma GCC unroll 4
     for (int v = 0; v < kPanelVectors; ++v) {
       const int64_t valid = rows - 16 * v;
       if (valid >= 16) {
-        _mm512_storeu_ps(out + 16 * v, acc[t][v]);
+        _mm512_storeu_ps(out[t] + 16 * v, acc[t][v]);
       } else if (valid > 0) {
-        _mm512_mask_storeu_ps(out + 16 * v, static_cast<__mmask16>((1u << valid) - 1u), acc[t][v]);
+        _mm512_mask_storeu_ps(out[t] + 16 * v, valid_lanes(valid), acc[t][v]);
       }
     }
   }
 }
 
 template <int MT>
-void tile_for_tokens(int64_t token_count, const MatmulOperands& op, int64_t t0, const uint32_t* panel, int64_t pairs, int64_t r0,
-                     int64_t rows) {
+void tile_for_tokens(int64_t token_count, const MatmulOperands& op, int64_t t0, const uint32_t* panel, int64_t first_pair,
+                     int64_t pairs, int64_t r0, int64_t rows) {
   if constexpr (MT > 1) {
-    if (token_count < MT) return tile_for_tokens<MT - 1>(token_count, op, t0, panel, pairs, r0, rows);
+    if (token_count < MT) return tile_for_tokens<MT - 1>(token_count, op, t0, panel, first_pair, pairs, r0, rows);
   }
-  panel_tile<MT>(op, t0, panel, pairs, r0, rows);
+  panel_tile<MT>(op, t0, panel, first_pair, pairs, r0, rows);
 }
 
 }  // namespace
 
 void prefill_bf16_panels_avx512bf16(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
-  const int64_t pairs = (op.cols + 1) / 2;
-  const int64_t panel_bytes = pairs * kPanelRows * 4;
+  const int64_t all_pairs = (op.cols + 1) / 2;
+  // Stretches of equal length (K = 6144: three of 1,024 pairs; K = 2560: two of 640).
+  const int64_t stretches = (all_pairs + kStretchPairs - 1) / kStretchPairs;
+  const int64_t stretch_pairs = (all_pairs + stretches - 1) / stretches;
+  const int64_t panel_bytes = stretch_pairs * kPanelRows * 4;
   const int64_t block_panels = kBlockBytes / panel_bytes > 1 ? kBlockBytes / panel_bytes : 1;
   const int64_t block_rows = block_panels * kPanelRows;
   uint32_t* packed = panel_buffer(static_cast<size_t>(block_panels * panel_bytes));
   const auto* w = static_cast<const uint16_t*>(op.w);
-  const int64_t row_bytes = op.cols * 2;
   // Token tiles of equal size (512 tokens: 82 of 6 and 4 of 5), none left with a token or two.
   const int64_t tiles = (op.tokens + kTileTokens - 1) / kTileTokens;
   for (int64_t block = row_begin; block < row_end; block += block_rows) {
     const int64_t rows = smaller(block_rows, row_end - block);
-    pack_panels(w, op.cols, block, rows, packed);
-    // The next block's rows are one contiguous range of the weights: while this block's tiles run,
-    // each prefetches its share into L2, so the next packing reads from cache, not memory.
-    const auto* next = reinterpret_cast<const char*>(w + (block + rows) * op.cols);
-    const int64_t next_bytes = smaller(block_rows, row_end - block - rows) * row_bytes;
-    const int64_t prefetch_step = (next_bytes / tiles + 63) / 64 * 64;
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-      const int64_t t0 = op.tokens * tile / tiles, t1 = op.tokens * (tile + 1) / tiles;
-      for (int64_t offset = tile * prefetch_step; offset < smaller((tile + 1) * prefetch_step, next_bytes); offset += 64) {
-        _mm_prefetch(next + offset, _MM_HINT_T1);
-      }
-      for (int64_t panel = 0; panel * kPanelRows < rows; ++panel) {
-        tile_for_tokens<kTileTokens>(t1 - t0, op, t0, packed + panel * pairs * kPanelRows, pairs, block + panel * kPanelRows,
-                                     smaller(kPanelRows, rows - panel * kPanelRows));
+    for (int64_t first_pair = 0; first_pair < all_pairs; first_pair += stretch_pairs) {
+      const int64_t pairs = smaller(stretch_pairs, all_pairs - first_pair);
+      pack_panels(w + 2 * first_pair, op.cols, smaller(2 * pairs, op.cols - 2 * first_pair), block, rows, packed);
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t t0 = op.tokens * tile / tiles, t1 = op.tokens * (tile + 1) / tiles;
+        for (int64_t panel = 0; panel * kPanelRows < rows; ++panel) {
+          tile_for_tokens<kTileTokens>(t1 - t0, op, t0, packed + panel * pairs * kPanelRows, first_pair, pairs,
+                                       block + panel * kPanelRows, smaller(kPanelRows, rows - panel * kPanelRows));
+        }
       }
     }
   }
