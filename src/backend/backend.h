@@ -162,6 +162,15 @@ class Backend {
   virtual void copy(Buffer source, Buffer destination, int64_t count) = 0;
   // gate[r][i] = gelu_tanh(gate[r][i]) * up[r * up_stride + up_offset + i] for i < width.
   virtual void gelu_multiply(Buffer gate, Buffer up, int rows, int width, int64_t up_stride, int64_t up_offset) = 0;
+  // gelu_multiply, then matmul of its result by `weight` into y. Afterwards gate holds the product or is
+  // left as it was: a backend may feed the product to the matmul without writing it out (the CPU
+  // backend: a prompt's gate and up rows are read once and the product goes straight to the matmul's
+  // own input format).
+  virtual void gelu_multiply_matmul(Buffer gate, Buffer up, int rows, int width, int64_t up_stride, int64_t up_offset,
+                                    Weight weight, Buffer y) {
+    gelu_multiply(gate, up, rows, width, up_stride, up_offset);
+    matmul(gate, rows, weight, y);
+  }
   // Per-Layer Embeddings: inputs[i] = (context[i] + inputs[i] * embed_scale) * combine_scale, where
   // `inputs` arrives holding the gathered per-layer embedding rows.
   virtual void combine_per_layer_inputs(Buffer context, Buffer inputs, int64_t count, float embed_scale, float combine_scale) = 0;

@@ -636,8 +636,7 @@ void Transformer::feed_forward(int layer, int count) {
   const backend::Weight weights[] = {state.gate, state.up};
   const Buffer outputs[] = {gate_, up_};
   device.matmul_each(normed_, count, weights, outputs);
-  device.gelu_multiply(gate_, up_, count, width, width, 0);
-  device.matmul(gate_, count, state.down, ffn_out_);
+  device.gelu_multiply_matmul(gate_, up_, count, width, width, 0, state.down, ffn_out_);
   all_reduce(ffn_out_, values);  // down_proj is row-parallel
 
   if (config_.enable_moe_block) {
@@ -676,8 +675,8 @@ void Transformer::per_layer_input_block(int layer, int count) {
   const int width = config_.hidden_size_per_layer_input;
   const int64_t packed = static_cast<int64_t>(config_.num_layers) * width;
   device.matmul(hidden_, count, state.per_layer_gate, per_layer_gate_);
-  device.gelu_multiply(per_layer_gate_, per_layer_inputs_, count, width, packed, static_cast<int64_t>(layer) * width);
-  device.matmul(per_layer_gate_, count, state.per_layer_projection, branch_);
+  device.gelu_multiply_matmul(per_layer_gate_, per_layer_inputs_, count, width, packed, static_cast<int64_t>(layer) * width,
+                              state.per_layer_projection, branch_);
   device.rms_norm(branch_, count, hidden, state.per_layer_post_norm, eps_, branch_);
   device.add(hidden_, branch_, static_cast<int64_t>(count) * hidden);
 }

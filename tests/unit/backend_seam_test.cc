@@ -325,6 +325,61 @@ TEST(BackendRegistry, CpuMatmulEachMatchesSeparateProducts) {
   }
 }
 
+// The CPU backend feeds a prompt's GELU product straight to the matmul's prepared input: bitwise the
+// result of gelu_multiply then matmul, in every weight format, for up rows of their own and for up rows
+// beside the gates (the PLE layout), from one row (the two ops) to a prompt's rows on two threads.
+TEST(BackendRegistry, CpuGeluMultiplyMatmulMatchesTheTwoOps) {
+  constexpr int64_t kWidth = 640, kOutputs = 96;
+  const std::unique_ptr<backend::Backend> cpu = backend::make_backend({.name = "cpu", .threads = 2});
+  uint32_t seed = 17;
+  auto random_values = [&](size_t count) {
+    std::vector<float> values(count);
+    for (float& value : values) value = 4.0f * testing::next_centered(seed);
+    return values;
+  };
+  auto upload = [&](const std::vector<float>& values) {
+    const Buffer buffer = cpu->allocate(values.size() * sizeof(float));
+    cpu->upload(buffer, 0, values.data(), values.size() * sizeof(float));
+    return buffer;
+  };
+  auto download = [&](Buffer buffer, size_t count) {
+    std::vector<float> values(count);
+    cpu->download(buffer, 0, values.data(), count * sizeof(float));
+    return values;
+  };
+  const std::vector<float> weight_values = random_values(static_cast<size_t>(kOutputs * kWidth));
+  TensorView view;
+  view.name = "down";
+  view.dtype = DType::kF32;
+  view.shape = {kOutputs, kWidth};
+  view.data = reinterpret_cast<const std::byte*>(weight_values.data());
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
+    const Weight weight = cpu->prepare_weight(view, format);
+    for (const int rows : {1, 3, 40}) {
+      for (const int64_t up_stride : {kWidth, 3 * kWidth}) {
+        SCOPED_TRACE(::testing::Message() << format_name(format) << ", " << rows << " rows, up stride " << up_stride);
+        const int64_t up_offset = up_stride == kWidth ? 0 : kWidth;
+        const std::vector<float> gates = random_values(static_cast<size_t>(rows * kWidth));
+        const std::vector<float> ups = random_values(static_cast<size_t>(rows * up_stride));
+        const Buffer two_ops_gate = upload(gates), fused_gate = upload(gates), up = upload(ups);
+        const Buffer two_ops_y = cpu->allocate(static_cast<size_t>(rows * kOutputs) * sizeof(float));
+        const Buffer fused_y = cpu->allocate(static_cast<size_t>(rows * kOutputs) * sizeof(float));
+        cpu->gelu_multiply(two_ops_gate, up, rows, kWidth, up_stride, up_offset);
+        cpu->matmul(two_ops_gate, rows, weight, two_ops_y);
+        cpu->gelu_multiply_matmul(fused_gate, up, rows, kWidth, up_stride, up_offset, weight, fused_y);
+        const std::vector<float> expected = download(two_ops_y, static_cast<size_t>(rows * kOutputs));
+        const std::vector<float> got = download(fused_y, expected.size());
+        EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0);
+        // The products did depend on the GELU: they differ from the plain gates' product.
+        const Buffer plain_y = cpu->allocate(static_cast<size_t>(rows * kOutputs) * sizeof(float));
+        cpu->matmul(upload(gates), rows, weight, plain_y);
+        const std::vector<float> plain = download(plain_y, expected.size());
+        EXPECT_NE(std::memcmp(plain.data(), expected.data(), plain.size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
 // A prompt's rows of the row-wise element-wise ops are shared over the pool (above 65,536 elements):
 // two threads give bitwise what one gives, for norms, RoPE (each row at its own position) and GELU
 // (dense rows, and gate and up side by side in one buffer).

@@ -106,6 +106,35 @@ void CpuBackend::run_products(int rows, std::span<const int32_t> ids, std::span<
   });
 }
 
+// A prompt's GELU product goes straight into the down projection's prepared input: each gate row is
+// copied to a row buffer, multiplied there and converted, so the product is never written out as
+// floats and read back (E2B's wide layers at 512 tokens: 24 MiB each way; the GELU pass and the
+// conversion, both waiting on memory, were 6% of a bf16 prompt's time, and the fused op measured
+// 2-4% more prompt tokens per second).
+void CpuBackend::gelu_multiply_matmul(Buffer gate, Buffer up, int rows, int width, int64_t up_stride, int64_t up_offset,
+                                      Weight weight, Buffer y) {
+  const kernels::WeightMatrix& matrix = weights_.at(static_cast<size_t>(weight.id)).matrix;
+  if (rows <= 1 || !worth_threads(matrix, rows) || matrix.cols != width) {
+    return Backend::gelu_multiply_matmul(gate, up, rows, width, up_stride, up_offset, weight, y);
+  }
+  const float* gates = data(gate);
+  const float* ups = data(up);
+  prepared_.reshape(rows, width, matrix.format);
+  if (gelu_rows_.size() < static_cast<size_t>(pool().size())) gelu_rows_.resize(static_cast<size_t>(pool().size()));
+  pool().run([&](int thread, int threads) {
+    const ThreadPool::Range range = ThreadPool::share(rows, 1, thread, threads);
+    std::vector<float>& product = gelu_rows_[static_cast<size_t>(thread)];
+    if (product.size() < static_cast<size_t>(width)) product.resize(static_cast<size_t>(width));
+    for (int64_t row = range.begin; row < range.end; ++row) {
+      std::copy_n(gates + row * width, width, product.data());
+      gelu_multiply_span(product.data(), ups + row * up_stride + up_offset, width);
+      prepared_.convert_row(product.data(), row);
+    }
+  });
+  float* output = data(y);
+  run_products(rows, std::span<const int32_t>(&weight.id, 1), std::span<float* const>(&output, 1));
+}
+
 void CpuBackend::norm_row(const float* x, int64_t width, const float* weight, float eps, float* out) {
   kernels::rms_norm(x, width, weight, eps, out);
 }

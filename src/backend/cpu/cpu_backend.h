@@ -27,6 +27,8 @@ class CpuBackend : public HostBackend {
   void check_formats(WeightFormat, KvFormat) const override {}
   size_t weight_read_bytes(Weight weight) const override { return weights_.at(static_cast<size_t>(weight.id)).read_bytes(); }
   size_t owned_weight_bytes() const override;
+  void gelu_multiply_matmul(Buffer gate, Buffer up, int rows, int width, int64_t up_stride, int64_t up_offset, Weight weight,
+                            Buffer y) override;
 
  protected:
   void store_weight(int32_t id, const TensorView& view, WeightFormat format) override;
@@ -57,6 +59,7 @@ class CpuBackend : public HostBackend {
 
   std::vector<PreparedWeight> weights_;
   kernels::PreparedActivations prepared_;
+  std::vector<std::vector<float>> gelu_rows_;  // gelu_multiply_matmul's row of products, one per thread
   std::deque<StealingRanges> steals_;  // one per weight of run_products (a deque: they cannot move)
 };
 

@@ -265,45 +265,47 @@ void PreparedActivations::convert(const float* x, int64_t token_begin, int64_t t
   if (token_begin < 0 || token_end > tokens_ || token_begin > token_end) {
     fail("matmul activations: tokens [{}, {}) outside the {} prepared", token_begin, token_end, tokens_);
   }
+  for (int64_t t = token_begin; t < token_end; ++t) convert_row(x + t * cols_, t);
+}
+
+void PreparedActivations::convert_row(const float* source, int64_t t) {
+  if (t < 0 || t >= tokens_) fail("matmul activations: token {} outside the {} prepared", t, tokens_);
   const WeightFormat format = format_;
   const int64_t cols = cols_, stride = stride_;
   const bool quantized = takes_int8(format);
   const size_t element_bytes = activation_bytes(format);
   const int64_t scale_stride = stride / kQ8BlockValues;
   const size_t padding_bytes = static_cast<size_t>(stride - cols) * element_bytes;
-  for (int64_t t = token_begin; t < token_end; ++t) {
-    const float* source = x + t * cols;
-    std::byte* row = values_.get() + static_cast<size_t>(t) * stride * element_bytes;
-    switch (format) {
-      case WeightFormat::kF32:
-        std::memcpy(row, source, static_cast<size_t>(cols) * sizeof(float));
-        break;
-      case WeightFormat::kBF16:
-        round_to_bf16(source, cols, reinterpret_cast<uint16_t*>(row));
-        break;
-      case WeightFormat::kQ8:
-      case WeightFormat::kQ4:
-        quantize_q8_row(source, cols, reinterpret_cast<int8_t*>(row), scales_.get() + t * scale_stride);
-        break;
-    }
-    std::memset(row + static_cast<size_t>(cols) * element_bytes, 0, padding_bytes);
-    if (!quantized) continue;
-    float* scales = scales_.get() + t * scale_stride;
-    for (int64_t b = q8_blocks_per_row(cols); b < scale_stride; ++b) scales[b] = 0.0f;
-    const auto* values = reinterpret_cast<const int8_t*>(row);
-    const int32_t offset = format == WeightFormat::kQ8 ? 128 : 8;  // of the unsigned weight operand
-    for (int64_t start = 0; start < stride; start += kQ4SuperblockValues) {
-      std::byte* superblock = superblocks_.get() + (t * stride + start) / 4 * 5;
-      for (int lane = 0; lane < 16; ++lane) {
-        const int8_t* block = values + start + kQ8BlockValues * lane;
-        // Values 4c .. 4c + 3 of the block go to bytes 64c + 4 lane .. + 3: whole 4-byte words.
-        for (int c = 0; c < kQ8BlockValues / 4; ++c) std::memcpy(superblock + 64 * c + 4 * lane, block + 4 * c, 4);
-        int32_t sum = 0;
-        for (int k = 0; k < kQ8BlockValues; ++k) sum += block[k];
-        const int32_t correction = -offset * sum;
-        std::memcpy(superblock + 512 + 4 * lane, &scales[start / kQ8BlockValues + lane], 4);
-        std::memcpy(superblock + 576 + 4 * lane, &correction, 4);
-      }
+  std::byte* row = values_.get() + static_cast<size_t>(t) * stride * element_bytes;
+  switch (format) {
+    case WeightFormat::kF32:
+      std::memcpy(row, source, static_cast<size_t>(cols) * sizeof(float));
+      break;
+    case WeightFormat::kBF16:
+      round_to_bf16(source, cols, reinterpret_cast<uint16_t*>(row));
+      break;
+    case WeightFormat::kQ8:
+    case WeightFormat::kQ4:
+      quantize_q8_row(source, cols, reinterpret_cast<int8_t*>(row), scales_.get() + t * scale_stride);
+      break;
+  }
+  std::memset(row + static_cast<size_t>(cols) * element_bytes, 0, padding_bytes);
+  if (!quantized) return;
+  float* scales = scales_.get() + t * scale_stride;
+  for (int64_t b = q8_blocks_per_row(cols); b < scale_stride; ++b) scales[b] = 0.0f;
+  const auto* values = reinterpret_cast<const int8_t*>(row);
+  const int32_t offset = format == WeightFormat::kQ8 ? 128 : 8;  // of the unsigned weight operand
+  for (int64_t start = 0; start < stride; start += kQ4SuperblockValues) {
+    std::byte* superblock = superblocks_.get() + (t * stride + start) / 4 * 5;
+    for (int lane = 0; lane < 16; ++lane) {
+      const int8_t* block = values + start + kQ8BlockValues * lane;
+      // Values 4c .. 4c + 3 of the block go to bytes 64c + 4 lane .. + 3: whole 4-byte words.
+      for (int c = 0; c < kQ8BlockValues / 4; ++c) std::memcpy(superblock + 64 * c + 4 * lane, block + 4 * c, 4);
+      int32_t sum = 0;
+      for (int k = 0; k < kQ8BlockValues; ++k) sum += block[k];
+      const int32_t correction = -offset * sum;
+      std::memcpy(superblock + 512 + 4 * lane, &scales[start / kQ8BlockValues + lane], 4);
+      std::memcpy(superblock + 576 + 4 * lane, &correction, 4);
     }
   }
 }

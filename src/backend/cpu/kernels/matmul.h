@@ -88,6 +88,8 @@ class PreparedActivations {
   // convert(x, begin, end) converts tokens [begin, end) of the whole [tokens][cols] input x.
   void reshape(int64_t tokens, int64_t cols, WeightFormat format);
   void convert(const float* x, int64_t token_begin, int64_t token_end);
+  // Converts one token's row of cols values from `row`, which need not lie in a [tokens][cols] input.
+  void convert_row(const float* row, int64_t token);
 
   int64_t tokens() const { return tokens_; }
   int64_t cols() const { return cols_; }
