@@ -47,8 +47,8 @@ constexpr int kTileTokens = 6;                      // 24 sums + 4 weight vector
 constexpr int64_t kBlockBytes = 512 * 1024;
 // Long rows are packed and swept a stretch of K at a time, so that a panel is at most this many bytes:
 // a whole panel of 12,288 values (1.5 MiB) did not fit in L2 and its products ran 8-10% slower
-// (1536 x 12288, 24-512 tokens, Zen 5). Stretches of 1,024 pairs measured faster than 256, 384, 768,
-// 1,536 and 2,048.
+// (1536 x 12288, 24-512 tokens, Zen 5). Stretches of 1,024 pairs measured faster than 512, 768, 1,536
+// and 2,048.
 constexpr int64_t kStretchPairs = 1024;
 
 inline int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }

@@ -296,10 +296,10 @@ __m512 transpose_sum16(const __m512 (&sums)[16]) {
                        _mm512_shuffle_f32x4(halves01, halves23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Tile shapes (measured on Zen 4): kHeads * kKeys <= 16 accumulators for the scores; two output vectors
-// per head when 8 heads share the value loads (Zen 5, whose two FMAs a cycle one vector left waiting
-// on 9 loads per 8 FMAs: 5-23% faster decode attention over 4,096 bf16 slots, 15-42% with derived
-// keys), more for smaller tiles.
+// Tile shapes: kHeads * kKeys <= 16 accumulators for the scores (measured on Zen 4); two output vectors
+// per head when 8 heads share the value loads (one left the Zen 5's two FMAs a cycle waiting on 9 loads
+// per 8 FMAs; two measured 5-23% faster decode attention over 4,096 bf16 slots, 15-42% with derived
+// keys), more for smaller tiles (Zen 4).
 constexpr int keys_per_tile(int heads) { return heads >= 8 ? 2 : heads >= 4 ? 4 : 8; }
 constexpr int vectors_per_tile(int heads) { return heads >= 8 ? 2 : heads >= 4 ? 4 : 8; }
 
