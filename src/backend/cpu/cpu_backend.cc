@@ -120,11 +120,11 @@ void CpuBackend::gelu_multiply_matmul(Buffer gate, Buffer up, int rows, int widt
   const float* gates = data(gate);
   const float* ups = data(up);
   prepared_.reshape(rows, width, matrix.format);
-  if (gelu_rows_.size() < static_cast<size_t>(pool().size())) gelu_rows_.resize(static_cast<size_t>(pool().size()));
+  reserve(gelu_rows_, static_cast<size_t>(pool().size()));
   pool().run([&](int thread, int threads) {
     const ThreadPool::Range range = ThreadPool::share(rows, 1, thread, threads);
     std::vector<float>& product = gelu_rows_[static_cast<size_t>(thread)];
-    if (product.size() < static_cast<size_t>(width)) product.resize(static_cast<size_t>(width));
+    reserve(product, static_cast<size_t>(width));
     for (int64_t row = range.begin; row < range.end; ++row) {
       std::copy_n(gates + row * width, width, product.data());
       gelu_multiply_span(product.data(), ups + row * up_stride + up_offset, width);

@@ -84,16 +84,16 @@ class HostBackend : public Backend {
     return reinterpret_cast<T*>(buffers_.at(static_cast<size_t>(buffer.id)).get());
   }
   ThreadPool& pool() { return pool_; }
-
- private:
-  struct FreeDeleter {
-    void operator()(std::byte* pointer) const { std::free(pointer); }
-  };
   // Grow-only scratch: sized by the first step at each shape, so later steps allocate nothing.
   template <typename T>
   static void reserve(std::vector<T>& scratch, size_t size) {
     if (scratch.size() < size) scratch.resize(size);
   }
+
+ private:
+  struct FreeDeleter {
+    void operator()(std::byte* pointer) const { std::free(pointer); }
+  };
 
   // Row-by-row element-wise ops (norms, RoPE, GELU) below this many elements run on the calling thread:
   // a decode step (one row, or a few) does not wake the pool, a prompt's rows are shared out.
