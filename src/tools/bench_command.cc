@@ -188,9 +188,10 @@ int bench(const BenchFlags& flags) {
   // does not hold the file. After dropping the page cache, a first timed 512-token bf16 prompt of the
   // E2B shape read 17-34% of the peak; after an untimed 32-token prompt (every dense weight touched),
   // 57-60%, the rest being the embedding rows of the prompt's other tokens. So the prompt itself (up to
-  // one 512-token chunk) runs once untimed.
+  // one chunk) runs once untimed.
   fmt::print(stderr, "bench: an untimed prompt to bring in the weights ...\n");
-  transformer.forward_greedy(std::span<const int32_t>(prompt).first(std::min<size_t>(prompt.size(), 512)), 0);
+  const size_t warm_tokens = std::min(prompt.size(), static_cast<size_t>(options.max_chunk_tokens));
+  transformer.forward_greedy(std::span<const int32_t>(prompt).first(warm_tokens), 0);
   backend::Backend::ComputePeak peak = probe_compute_peak();
   double prompt_seconds = 1e30;
   for (int repeat = 0; repeat < std::max(1, flags.repeats); ++repeat) {
