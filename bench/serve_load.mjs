@@ -6,10 +6,12 @@ const concurrency = Number(concurrencyText);
 const maxTokens = Number(tokensText);
 const promptTokens = Number(promptText);
 
+// Times below are performance.now() milliseconds, one clock for every stream.
 async function one(index) {
   // Token ids, so any tokenizer works; different prompts per stream.
   const prompt = [2, ...Array.from({ length: promptTokens - 1 }, (_, i) => 1000 + ((i * 7919 + index * 104729) % 200000))];
   const started = performance.now();
+  const arrivals = [];  // when each token's chunk arrived
   const response = await fetch(`${base}/v1/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
@@ -18,6 +20,10 @@ async function one(index) {
     body: JSON.stringify({ prompt, max_tokens: maxTokens, ignore_eos: true, temperature: 0, stream: true, logprobs: 0 }),
     signal: AbortSignal.timeout(600_000),
   });
+  if (!response.ok) {
+    console.error(`serve_load: stream ${index}: HTTP ${response.status} ${await response.text()}`);
+    process.exit(1);
+  }
   let firstToken = null;
   let tokens = 0;
   const decoder = new TextDecoder();
@@ -31,12 +37,14 @@ async function one(index) {
       if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
       const chunk = JSON.parse(event.slice(6));
       if (chunk.choices?.[0]?.logprobs) {
+        const now = performance.now();
         tokens += 1;
-        if (firstToken === null) firstToken = performance.now() - started;
+        arrivals.push(now);
+        if (firstToken === null) firstToken = now - started;
       }
     }
   }
-  return { firstToken, tokens, seconds: (performance.now() - started) / 1000, started };
+  return { firstToken, tokens, arrivals };
 }
 
 const started = performance.now();
@@ -49,14 +57,21 @@ if (silent > 0) {
   process.exit(1);
 }
 const ttft = results.map((r) => r.firstToken).sort((a, b) => a - b);
-// Decode phase: from the moment every stream has its first token until the last one ends, all streams
-// decode together; (tokens - 1) per stream over that window is the aggregate decode rate.
-const lastFirstToken = ttft[ttft.length - 1] / 1000;
-const decodeWindow = seconds - lastFirstToken;
-const decodeTokens = results.reduce((sum, r) => sum + (maxTokens - 1), 0);
+// Decode phase: the stretch in which every stream has had its first token and none has finished, so
+// all of them decode together. Its rate counts only the tokens that arrived inside it: a stream whose
+// prompt was served first has already decoded some tokens when the last stream's first token comes.
+const windowStart = Math.max(...results.map((r) => r.arrivals[0]));
+const windowEnd = Math.min(...results.map((r) => r.arrivals[r.arrivals.length - 1]));
+const decodeTokens = results.reduce((sum, r) => sum + r.arrivals.filter((t) => t > windowStart && t <= windowEnd).length, 0);
+const decodeWindow = (windowEnd - windowStart) / 1000;
+if (decodeTokens === 0 || decodeWindow <= 0) {
+  console.error("serve_load: no stretch in which all streams decoded together (raise TOKENS)");
+  process.exit(1);
+}
 console.log(JSON.stringify({
   concurrency, max_tokens: maxTokens, prompt_tokens: promptTokens, seconds,
   chunks_received: generated, aggregate_tokens_per_s: (concurrency * maxTokens) / seconds,
   ttft_ms_median: ttft[Math.floor(ttft.length / 2)], ttft_ms_max: ttft[ttft.length - 1],
+  decode_window_s: decodeWindow, decode_window_tokens: decodeTokens,
   decode_phase_tokens_per_s: decodeTokens / decodeWindow,
 }));
