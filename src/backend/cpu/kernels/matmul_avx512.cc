@@ -8,9 +8,9 @@
 // addition tree (reduce4): an output's value never depends on which tile or row range it was in.
 // Decode of one token streams one weight row at a time, with software prefetch (K cut into chunks when
 // the activations outgrow L1); 2-16 tokens take tiles of up to 8 tokens x 3 rows (run_batch; q8 and q4:
-// 4 tokens x 3 rows of superblocks, superblock_tile; q8 steps of up to 8 tokens and q4 of up to 4: one
-// row, long rows in segments, takes_one_row_tiles); prefill walks L2-sized blocks of rows with tiles of
-// up to 6 tokens x 4 rows. bf16 prefill with vdpbf16ps does not come here: it packs the weights into
+// 4 tokens x 3 rows of superblocks, superblock_tile; q8 steps of up to 8 tokens and q4 of up to 4:
+// narrow tiles of one row, long rows in segments and q8's two rows at a time, takes_narrow_tiles);
+// prefill walks L2-sized blocks of rows with tiles of up to 6 tokens x 4 rows. bf16 prefill with vdpbf16ps does not come here: it packs the weights into
 // panels with the output rows in the lanes (prefill_panels_avx512.cc).
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
@@ -68,7 +68,7 @@ inline __mmask64 mask64(int64_t count) { return count >= 64 ? ~0ull : (1ull << c
 // ---- per-format operand policies: how to load one k-step of a weight row / token and multiply-add ----
 
 struct F32Fma {
-  static constexpr int kStep = 16, kTokens = 6, kRows = 4, kBatchTokens = 8, kBatchRows = 3, kOneRowBatchTokens = 0;
+  static constexpr int kStep = 16, kTokens = 6, kRows = 4, kBatchTokens = 8, kBatchRows = 3, kNarrowBatchTokens = 0;
   static constexpr int64_t kWeightBits = 32, kActivationBits = 32;
   struct Row { const float* values; };
   struct Token { const float* values; };
@@ -89,7 +89,7 @@ struct F32Fma {
 
 // bf16 with vdpbf16ps: 32 products per instruction, pairs summed into 16 fp32 lanes.
 struct Bf16Dot {
-  static constexpr int kStep = 32, kTokens = 6, kRows = 4, kBatchTokens = 8, kBatchRows = 3, kOneRowBatchTokens = 0;
+  static constexpr int kStep = 32, kTokens = 6, kRows = 4, kBatchTokens = 8, kBatchRows = 3, kNarrowBatchTokens = 0;
   static constexpr int64_t kWeightBits = 16, kActivationBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
@@ -111,7 +111,7 @@ struct Bf16Dot {
 // bf16 without BF16 instructions: a bf16 is the top half of a float, so the even elements of 32 are a
 // 16-bit left shift and the odd ones a mask away from fp32.
 struct Bf16Widen {
-  static constexpr int kStep = 32, kTokens = 4, kRows = 4, kBatchTokens = 8, kBatchRows = 2, kOneRowBatchTokens = 0;
+  static constexpr int kStep = 32, kTokens = 4, kRows = 4, kBatchTokens = 8, kBatchRows = 2, kNarrowBatchTokens = 0;
   static constexpr int64_t kWeightBits = 16, kActivationBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
@@ -150,7 +150,8 @@ struct Bf16Widen {
 // activations), load_scales its blocks' scales.
 struct SuperblockVnni {
   static_assert(kQ8BlockValues == 32 && kQ4BlockValues == 32 && kQ4SuperblockValues == 512, "a step is 16 blocks");
-  static constexpr int kStep = 512, kTokens = 4, kRows = 3, kBatchTokens = 4, kBatchRows = 3, kOneRowBatchTokens = 0;
+  static constexpr int kStep = 512, kTokens = 4, kRows = 3, kBatchTokens = 4, kBatchRows = 3, kNarrowBatchTokens = 0;
+  static constexpr int kNarrowLongRows = 1;
   static constexpr int64_t kActivationBits = 10;  // 640 prepared bytes per 512 values
   struct Token { const std::byte* superblocks; };
   struct Codes { __m512i low, high; };
@@ -207,10 +208,15 @@ struct SuperblockRowLoads : SuperblockVnni {
 
 struct Q8Vnni : SuperblockRowLoads<Q8Vnni> {
   static constexpr int64_t kWeightBits = 8;
-  // Steps of up to 8 tokens take tiles of 8 tokens x one row (takes_one_row_tiles, below): on a 2-core
+  // Steps of up to 8 tokens take tiles of 8 tokens x one row (takes_narrow_tiles, below): on a 2-core
   // Zen 5 such q8 products (K = 1536 and 2048, LM head included) took 20-35% less time at 2-8 tokens
   // than in 4 x 3 tiles (interleaved A/B); at 16 tokens and in bf16 one row measured slower.
-  static constexpr int kOneRowBatchTokens = 8;
+  static constexpr int kNarrowBatchTokens = 8;
+  // Long rows, read in segments, take two rows per tile: each activation vector then feeds two
+  // vpdpbusd, and 16 integer chains run side by side instead of 8. E2B's down projections at 8 tokens
+  // (1536x6144: 757-956 us against 1,005-1,221 per call, Zen 5, two threads), and 8-sequence q8 decode
+  // steps 7% faster at the median (eight of nine interleaved pairs).
+  static constexpr int kNarrowLongRows = 2;
   struct Row { const uint8_t* codes; const float* scales; };
   static Row row(const MatmulOperands& op, int64_t r) {
     return {static_cast<const uint8_t*>(op.w) + r * q8_packed_row_bytes(op.cols), op.w_scales + r * q8_blocks_per_row(op.cols)};
@@ -235,7 +241,8 @@ struct Q4Vnni : SuperblockRowLoads<Q4Vnni> {
   static constexpr int64_t kWeightBits = 4;
   // q4's rows carry half q8's bytes, so its arithmetic weighs more: one-row tiles measured 10-33% faster
   // at 2-4 tokens on the Zen 5, and 8-30% slower at 8 (where 4 x 3 tiles keep it closer to the compute roof).
-  static constexpr int kOneRowBatchTokens = 4;
+  // Two rows per tile on long rows measured 7-13% slower at 3-4 tokens.
+  static constexpr int kNarrowBatchTokens = 4;
   struct Row { const uint8_t* nibbles; const uint16_t* scales; };
   static Row row(const MatmulOperands& op, int64_t r) {
     return {static_cast<const uint8_t*>(op.w) + r * q4_row_bytes(op.cols), op.w_half_scales + r * q4_blocks_per_row(op.cols)};
@@ -385,7 +392,7 @@ inline __m512i in_register(__m512i value) {
 // The multi-token tile of the superblock formats: each pair of code vectors of MT x NR rows' superblock
 // is loaded once and feeds MT tokens, each activation vector NR rows, into MT x NR integer sums that
 // stay in registers for the superblock (2 * MT * NR + 2 * NR + 1 of the 32 vector registers, with the
-// float sums). Per pair, a superblock then costs 8 vpdpbusd and one convert, multiply and add: scale_add,
+// float sums; where that is more, the float sums live in memory: superblock_tile). Per pair, a superblock then costs 8 vpdpbusd and one convert, multiply and add: scale_add,
 // in one chain superblock after superblock whatever the tile's size, so a value does not depend on
 // which multi-token tile it came from.
 template <class P, int MT, int NR, bool kTail>
@@ -431,19 +438,32 @@ inline void superblock_step(const typename P::Row (&rows)[NR], const typename P:
   }
 }
 
+// Float sums that must stay in memory (the asm claims to read and write them): with 8 tokens x 2 rows
+// the 16 integer sums and the code vectors fill the registers, and the compiler would otherwise spill
+// integer sums inside the superblock instead of these, touched once per superblock.
+template <int MT, int NR>
+inline void keep_in_memory(__m512 (&acc)[MT][NR]) {
+  asm volatile("" : "+m"(acc));
+}
+
 template <class P, int MT, int NR>
 void superblock_tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, const KRange& range) {
   static_assert(NR <= 4, "one reduce4 per token");
+  constexpr bool kSumsInMemory = 2 * MT * NR + 2 * NR + 1 > 32;
   typename P::Row rows[NR];
   typename P::Token tokens[MT];
   tile_operands<P, MT, NR>(op, t0, r0, row_count, rows, tokens);
-  __m512 acc[MT][NR];
+  alignas(64) __m512 acc[MT][NR];
   start_sums(range, acc);
   const int64_t cols = op.cols;
   const int64_t full = cols - cols % P::kStep;
   const int64_t stop = range.end < full ? range.end : full;
   int64_t k = range.begin;
-  for (; k < stop; k += P::kStep) superblock_step<P, MT, NR, false>(rows, tokens, k, 16, range.prefetch_offset, acc);
+  for (; k < stop; k += P::kStep) {
+    if constexpr (kSumsInMemory) keep_in_memory(acc);
+    superblock_step<P, MT, NR, false>(rows, tokens, k, 16, range.prefetch_offset, acc);
+  }
+  if constexpr (kSumsInMemory) keep_in_memory(acc);
   if (range.end < cols) return carry_sums(range, acc);
   if (k < cols) superblock_step<P, MT, NR, true>(rows, tokens, k, tail_blocks(cols - k), 0, acc);
   const __m512 zero = _mm512_setzero_ps();
@@ -533,27 +553,28 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   }
 }
 
-// Steps of a policy's kOneRowBatchTokens tokens or fewer read the weights one row at a time, in order,
-// like a single token: the stream a core's prefetchers follow best. The activations a row segment
-// meets stay in L1 beside it: at most this many bytes (20 KiB: 8 q8 tokens of 2048 values); longer rows
-// are cut into segments of that many values, blocks of rows taking turns per segment as in run_decode.
-// With 30 KiB, every row took them from L2 (one-row tiles up to a quarter slower than 4 x 3).
-constexpr int64_t kOneRowActivationBytes = 20 * 1024;
+// Steps of a policy's kNarrowBatchTokens tokens or fewer read the weights one row at a time (q8's long
+// rows two at a time, kNarrowLongRows), in order, like a single token: the stream a core's prefetchers
+// follow best. The activations a row segment meets stay in L1 beside it: at most this many bytes
+// (20 KiB: 8 q8 tokens of 2048 values); longer rows are cut into segments of that many values, blocks
+// of rows taking turns per segment as in run_decode. With 30 KiB, every row took them from L2 (one-row
+// tiles up to a quarter slower than 4 x 3).
+constexpr int64_t kNarrowActivationBytes = 20 * 1024;
 
-// Whether a step takes one-row tiles: few enough tokens, and short rows or more than half the policy's
+// Whether a step takes narrow tiles: few enough tokens, and short rows or more than half the policy's
 // count. Long rows cut into segments paid off at 6-8 q8 tokens and 4 q4 tokens (1536x6144
 // and 1536x12288: 8-17% less time than 4 x 3 tiles), not at 2-4 q8 tokens (2-10% more).
 template <class P>
-bool takes_one_row_tiles(const MatmulOperands& op) {
-  if (op.tokens > P::kOneRowBatchTokens) return false;
-  return activation_bytes<P>(op) <= kOneRowActivationBytes || 2 * op.tokens > P::kOneRowBatchTokens;
+bool takes_narrow_tiles(const MatmulOperands& op) {
+  if (op.tokens > P::kNarrowBatchTokens) return false;
+  return activation_bytes<P>(op) <= kNarrowActivationBytes || 2 * op.tokens > P::kNarrowBatchTokens;
 }
 
-// Values of K per segment of a one-row step: all of it, or what keeps the activations within
-// kOneRowActivationBytes (whole superblocks).
+// Values of K per segment of a narrow step: all of it, or what keeps the activations within
+// kNarrowActivationBytes (whole superblocks).
 template <class P>
-int64_t one_row_chunk(const MatmulOperands& op) {
-  const int64_t chunk = values_within<P>(op, kOneRowActivationBytes, P::kStep);
+int64_t narrow_chunk(const MatmulOperands& op) {
+  const int64_t chunk = values_within<P>(op, kNarrowActivationBytes, P::kStep);
   return chunk >= op.cols ? op.cols : chunk;
 }
 
@@ -562,18 +583,17 @@ int64_t one_row_chunk(const MatmulOperands& op) {
 // (single-row tiles spend a load on every multiply-add and stay below the compute roof). As in
 // run_decode, K is cut into chunks whose activations (all tokens) stay in L1 while blocks of rows take
 // turns per chunk; every token tile of a group of rows reads the group's chunk from L1, and the first
-// prefetches the segment read after it. Steps of few tokens take one-row tiles instead
-// (takes_one_row_tiles, above). Spreading the prefetches over all token tiles of a group, two groups
+// prefetches the segment read after it. Steps of few tokens take narrow tiles instead
+// (takes_narrow_tiles, above), with `chunk` from narrow_chunk. Spreading the prefetches over all token tiles of a group, two groups
 // ahead, measured 4-6% faster for 8 q8 tokens in 4 x 3 tiles on a Zen 5, but those products now take
-// one-row tiles, and where 4 x 3 tiles remain (16 tokens, long K, q4 at 8) it measured 3-9% slower.
+// narrow tiles, and where 4 x 3 tiles remain (16 tokens, long K, q4 at 8) it measured 3-9% slower.
 constexpr int kBatchMaxTokens = 16;
 constexpr int64_t kBatchBlockRows = 12;  // a multiple of every kBatchRows
 constexpr int64_t kStagedRows = 4 * kBatchBlockRows;  // 48 outputs: 3 cache lines per token
 
 template <class P, int MT = P::kBatchTokens, int NR = P::kBatchRows>
-void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+void run_batch(const MatmulOperands& op, int64_t row_begin, int64_t row_end, int64_t chunk) {
   static_assert(kBatchBlockRows % NR == 0, "blocks hold whole groups of rows");
-  const int64_t chunk = NR == 1 ? one_row_chunk<P>(op) : decode_chunk<P>(op);
   const int64_t tiles = (op.tokens + MT - 1) / MT;
   alignas(64) __m512 carried[kBatchBlockRows / NR][(kBatchMaxTokens + MT - 1) / MT][MT * NR];
   // Outputs are staged here and copied out every kStagedRows rows, whole cache lines per token: the
@@ -625,10 +645,14 @@ template <class P>
 void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
   if (op.tokens == 1) return run_decode<P>(op, row_begin, row_end);
-  if constexpr (P::kOneRowBatchTokens > 0) {
-    if (takes_one_row_tiles<P>(op)) return run_batch<P, P::kOneRowBatchTokens, 1>(op, row_begin, row_end);
+  if constexpr (P::kNarrowBatchTokens > 0) {
+    if (takes_narrow_tiles<P>(op)) {
+      const int64_t chunk = narrow_chunk<P>(op);
+      if (chunk < op.cols) return run_batch<P, P::kNarrowBatchTokens, P::kNarrowLongRows>(op, row_begin, row_end, chunk);
+      return run_batch<P, P::kNarrowBatchTokens, 1>(op, row_begin, row_end, chunk);
+    }
   }
-  if (op.tokens <= kBatchMaxTokens) return run_batch<P>(op, row_begin, row_end);
+  if (op.tokens <= kBatchMaxTokens) return run_batch<P>(op, row_begin, row_end, decode_chunk<P>(op));
   const KRange whole{0, op.cols, nullptr, 0};
   const int64_t row_bytes = weight_bytes_of<P>(op.cols) + 64;
   int64_t block_rows = kWeightBlockBytes / row_bytes / P::kRows * P::kRows;
