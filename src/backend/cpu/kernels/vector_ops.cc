@@ -72,10 +72,10 @@ void rms_norm(const float* x, int64_t size, const float* weight, float eps, floa
   table->scale_into(x, size, std::pow(mean_square, -0.5f), weight, out);  // pow(ms, -0.5) as the reference
 }
 
-void gelu_tanh_multiply(float* gate, const float* up, int64_t size) {
+void gelu_tanh_multiply(const float* gate, const float* up, int64_t size, float* out) {
   const detail::VectorOpsTable* table = simd_table();
-  if (table != nullptr) return table->gelu_tanh_multiply(gate, up, size);
-  for (int64_t i = 0; i < size; ++i) gate[i] = reference::gelu_tanh(gate[i]) * up[i];
+  if (table != nullptr) return table->gelu_tanh_multiply(gate, up, size, out);
+  for (int64_t i = 0; i < size; ++i) out[i] = reference::gelu_tanh(gate[i]) * up[i];
 }
 
 void softmax(float* values, int64_t size) {

@@ -26,8 +26,10 @@ namespace gemma4rt::kernels {
 // out = x / sqrt(mean(x^2) + eps) * weight; weight may be null (the weightless norm); out may alias x.
 void rms_norm(const float* x, int64_t size, const float* weight, float eps, float* out);
 
+// out[i] = gelu_tanh(gate[i]) * up[i]; out may be gate.
+void gelu_tanh_multiply(const float* gate, const float* up, int64_t size, float* out);
 // gate[i] = gelu_tanh(gate[i]) * up[i].
-void gelu_tanh_multiply(float* gate, const float* up, int64_t size);
+inline void gelu_tanh_multiply(float* gate, const float* up, int64_t size) { gelu_tanh_multiply(gate, up, size, gate); }
 // The same operation under the name the feed-forward callers use for a per-element factor.
 inline void gelu_tanh_multiply_by(float* gate, const float* factor, int64_t size) {
   gelu_tanh_multiply(gate, factor, size);
@@ -92,7 +94,7 @@ struct VectorOpsTable {
   int64_t (*argmax_lanes)(const float* values, int64_t size, float* lane_values, int32_t* lane_indices);
   // out[i] = (x[i] * factor) * weight[i], or x[i] * factor without weight; out may alias x.
   void (*scale_into)(const float* x, int64_t size, float factor, const float* weight, float* out);
-  void (*gelu_tanh_multiply)(float* gate, const float* up, int64_t size);
+  void (*gelu_tanh_multiply)(const float* gate, const float* up, int64_t size, float* out);
   void (*apply_rope)(float* heads, int64_t head_count, int64_t head_dim, const float* cos, const float* sin);
   void (*add)(float* y, const float* x, int64_t size);
   void (*softcap)(float* values, int64_t size, float cap);

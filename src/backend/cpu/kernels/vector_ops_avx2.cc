@@ -194,15 +194,15 @@ void scale_into_avx2(const float* x, int64_t size, float factor, const float* we
   }
 }
 
-void gelu_tanh_multiply_avx2(float* gate, const float* up, int64_t size) {
+void gelu_tanh_multiply_avx2(const float* gate, const float* up, int64_t size, float* out) {
   int64_t i = 0;
   for (; i + kLanes <= size; i += kLanes) {
-    _mm256_storeu_ps(gate + i, _mm256_mul_ps(gelu_tanh_ps(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu_tanh_ps(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
   }
   if (i < size) {
     const __m256i mask = first_lanes(size - i);
     const __m256 result = _mm256_mul_ps(gelu_tanh_ps(_mm256_maskload_ps(gate + i, mask)), _mm256_maskload_ps(up + i, mask));
-    _mm256_maskstore_ps(gate + i, mask, result);
+    _mm256_maskstore_ps(out + i, mask, result);
   }
 }
 

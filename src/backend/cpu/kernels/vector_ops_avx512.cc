@@ -177,11 +177,11 @@ void scale_into_avx512(const float* x, int64_t size, float factor, const float* 
   }
 }
 
-void gelu_tanh_multiply_avx512(float* gate, const float* up, int64_t size) {
+void gelu_tanh_multiply_avx512(const float* gate, const float* up, int64_t size, float* out) {
   for (int64_t i = 0; i < size; i += kLanes) {
     const __mmask16 mask = first_lanes(size - i);
     const __m512 result = _mm512_mul_ps(gelu_tanh_ps(_mm512_maskz_loadu_ps(mask, gate + i)), _mm512_maskz_loadu_ps(mask, up + i));
-    _mm512_mask_storeu_ps(gate + i, mask, result);
+    _mm512_mask_storeu_ps(out + i, mask, result);
   }
 }
 
