@@ -276,12 +276,14 @@ __m512 load_cached_masked(const char* row, int64_t offset, __mmask16 mask) {
 }
 
 // Lane i of the result is the sum of the lanes of sums[i].
-__m512 transpose_sum16(const __m512 (&sums)[16]) {
+inline __attribute__((always_inline)) __m512 transpose_sum16(const __m512 (&sums)[16]) {
   __m512 pairs[8];  // per 128-bit block: partial sums of sums[2i] in lanes 0, 2 and of sums[2i+1] in 1, 3
+#pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
     pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(sums[2 * i], sums[2 * i + 1]), _mm512_unpackhi_ps(sums[2 * i], sums[2 * i + 1]));
   }
   __m512 quads[4];  // per 128-bit block: block sums of sums[4i .. 4i+3]
+#pragma GCC unroll 8
   for (int i = 0; i < 4; ++i) {
     const __m512d low = _mm512_unpacklo_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]));
     const __m512d high = _mm512_unpackhi_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]));
@@ -304,41 +306,54 @@ constexpr int keys_per_tile(int heads) { return heads >= 8 ? 2 : heads >= 4 ? 4 
 constexpr int vectors_per_tile(int heads) { return heads >= 8 ? 2 : heads >= 4 ? 4 : 8; }
 
 // scores[h * count + k] = queries[h] . key(slots[k]) for h < kHeads, k < kKeys.
-// `ahead`: rows to prefetch while this tile computes (kKeys of them).
+// `ahead`: rows to prefetch while this tile computes (kKeys of them). Its loops are unrolled and the
+// reduction inlined so that the 16 sums are registers only: as an array GCC cleared them in memory with
+// `rep stos` at every tile (in a 512-token prompt's profile the scores had 3.8% as many samples as the
+// panel tiles, now 3.1%).
 template <int kHeads, int kKeys, bool kBf16>
 void score_tile(const float* queries, int64_t head_dim, const void* keys, int64_t row_stride, const int32_t* slots,
                 const char* const* ahead, float* scores, int64_t count) {
   constexpr int64_t element_bytes = kBf16 ? 2 : 4;
   const char* rows[kKeys];
+#pragma GCC unroll 16
   for (int k = 0; k < kKeys; ++k) rows[k] = cache_row(keys, slots[k], row_stride, element_bytes);
   __m512 sums[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) sums[i] = _mm512_setzero_ps();
   int64_t d = 0;
   for (; d + kLanes <= head_dim; d += kLanes) {
     __m512 key[kKeys];
+#pragma GCC unroll 16
     for (int k = 0; k < kKeys; ++k) {
       _mm_prefetch(ahead[k] + d * element_bytes, _MM_HINT_T1);
       key[k] = load_cached<kBf16>(rows[k], d);
     }
+#pragma GCC unroll 16
     for (int h = 0; h < kHeads; ++h) {
       __m512 query = _mm512_loadu_ps(queries + h * head_dim + d);
       // Held in a register for all kKeys FMAs: GCC would otherwise fold a fresh load into each.
       if constexpr (kKeys > 1) __asm__("" : "+v"(query));
+#pragma GCC unroll 16
       for (int k = 0; k < kKeys; ++k) sums[k * kHeads + h] = _mm512_fmadd_ps(query, key[k], sums[k * kHeads + h]);
     }
   }
   if (d < head_dim) {
     const __mmask16 mask = first_lanes(head_dim - d);
     __m512 key[kKeys];
+#pragma GCC unroll 16
     for (int k = 0; k < kKeys; ++k) key[k] = load_cached_masked<kBf16>(rows[k], d, mask);
+#pragma GCC unroll 16
     for (int h = 0; h < kHeads; ++h) {
       const __m512 query = _mm512_maskz_loadu_ps(mask, queries + h * head_dim + d);
+#pragma GCC unroll 16
       for (int k = 0; k < kKeys; ++k) sums[k * kHeads + h] = _mm512_fmadd_ps(query, key[k], sums[k * kHeads + h]);
     }
   }
   alignas(64) float totals[16];
   _mm512_store_ps(totals, transpose_sum16(sums));
+#pragma GCC unroll 16
   for (int k = 0; k < kKeys; ++k) {
+#pragma GCC unroll 16
     for (int h = 0; h < kHeads; ++h) scores[h * count + k] = totals[k * kHeads + h];
   }
 }
