@@ -108,9 +108,9 @@ void CpuBackend::run_products(int rows, std::span<const int32_t> ids, std::span<
 
 // A prompt's GELU product goes straight into the down projection's prepared input: each row's product
 // is written to a row buffer (the gates stay as they are) and converted from there, so it is never
-// written out as floats and read back (E2B's wide layers at 512 tokens: 24 MiB each way; the GELU pass and the
-// conversion, both waiting on memory, were 6% of a bf16 prompt's time, and the fused op measured
-// 2-4% more prompt tokens per second).
+// written out as floats and read back (E2B's wide layers at 512 tokens: 24 MiB each way; the GELU pass
+// and the conversion, both waiting on memory, were 6% of a bf16 prompt's time, and the fused op
+// measured 2-4% more prompt tokens per second).
 void CpuBackend::gelu_multiply_matmul(Buffer gate, Buffer up, int rows, int width, int64_t up_stride, int64_t up_offset,
                                       Weight weight, Buffer y) {
   const kernels::WeightMatrix& matrix = weights_.at(static_cast<size_t>(weight.id)).matrix;

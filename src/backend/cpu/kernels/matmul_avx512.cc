@@ -10,8 +10,9 @@
 // the activations outgrow L1); 2-16 tokens take tiles of up to 8 tokens x 3 rows (run_batch; q8 and q4:
 // 4 tokens x 3 rows of superblocks, superblock_tile; q8 steps of up to 8 tokens and q4 of up to 4:
 // narrow tiles of one row, long rows in segments and q8's two rows at a time, takes_narrow_tiles);
-// prefill walks L2-sized blocks of rows with tiles of up to 6 tokens x 4 rows. bf16 prefill with vdpbf16ps does not come here: it packs the weights into
-// panels with the output rows in the lanes (prefill_panels_avx512.cc).
+// prefill walks L2-sized blocks of rows with tiles of up to 6 tokens x 4 rows. bf16 prefill with
+// vdpbf16ps does not come here: it packs the weights into panels with the output rows in the lanes
+// (prefill_panels_avx512.cc).
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (GCC bug 105593) once they are inlined into these kernels.
@@ -215,7 +216,7 @@ struct Q8Vnni : SuperblockRowLoads<Q8Vnni> {
   // Long rows, read in segments, take two rows per tile: each activation vector then feeds two
   // vpdpbusd, and 16 integer chains run side by side instead of 8. E2B's down projections at 8 tokens
   // (1536x6144: 757-956 us against 1,005-1,221 per call, Zen 5, two threads), and 8-sequence q8 decode
-  // steps 7% faster at the median (eight of nine interleaved pairs).
+  // steps 5-7% faster at the median (thirteen of fifteen interleaved pairs).
   static constexpr int kNarrowLongRows = 2;
   struct Row { const uint8_t* codes; const float* scales; };
   static Row row(const MatmulOperands& op, int64_t r) {
@@ -392,9 +393,10 @@ inline __m512i in_register(__m512i value) {
 // The multi-token tile of the superblock formats: each pair of code vectors of MT x NR rows' superblock
 // is loaded once and feeds MT tokens, each activation vector NR rows, into MT x NR integer sums that
 // stay in registers for the superblock (2 * MT * NR + 2 * NR + 1 of the 32 vector registers, with the
-// float sums; where that is more, the float sums live in memory: superblock_tile). Per pair, a superblock then costs 8 vpdpbusd and one convert, multiply and add: scale_add,
-// in one chain superblock after superblock whatever the tile's size, so a value does not depend on
-// which multi-token tile it came from.
+// float sums; where that is more, the float sums live in memory: superblock_tile). Per pair, a
+// superblock then costs 8 vpdpbusd and one convert, multiply and add: scale_add, in one chain
+// superblock after superblock whatever the tile's size, so a value does not depend on which
+// multi-token tile it came from.
 template <class P, int MT, int NR, bool kTail>
 inline void superblock_step(const typename P::Row (&rows)[NR], const typename P::Token (&tokens)[MT], int64_t k,
                             int blocks, int64_t prefetch_offset, __m512 (&acc)[MT][NR]) {
@@ -584,9 +586,10 @@ int64_t narrow_chunk(const MatmulOperands& op) {
 // run_decode, K is cut into chunks whose activations (all tokens) stay in L1 while blocks of rows take
 // turns per chunk; every token tile of a group of rows reads the group's chunk from L1, and the first
 // prefetches the segment read after it. Steps of few tokens take narrow tiles instead
-// (takes_narrow_tiles, above), with `chunk` from narrow_chunk. Spreading the prefetches over all token tiles of a group, two groups
-// ahead, measured 4-6% faster for 8 q8 tokens in 4 x 3 tiles on a Zen 5, but those products now take
-// narrow tiles, and where 4 x 3 tiles remain (16 tokens, long K, q4 at 8) it measured 3-9% slower.
+// (takes_narrow_tiles, above), with `chunk` from narrow_chunk. Spreading the prefetches over all token
+// tiles of a group, two groups ahead, measured 4-6% faster for 8 q8 tokens in 4 x 3 tiles on a Zen 5,
+// but those products now take narrow tiles, and where 4 x 3 tiles remain (16 tokens, long K, q4 at 8)
+// it measured 3-9% slower.
 constexpr int kBatchMaxTokens = 16;
 constexpr int64_t kBatchBlockRows = 12;  // a multiple of every kBatchRows
 constexpr int64_t kStagedRows = 4 * kBatchBlockRows;  // 48 outputs: 3 cache lines per token

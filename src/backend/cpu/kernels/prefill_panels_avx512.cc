@@ -219,7 +219,8 @@ void prefill_bf16_panels_avx512bf16(const MatmulOperands& op, int64_t row_begin,
       const int64_t pairs = smaller(stretch_pairs, all_pairs - first_pair);
       // With K in one stretch, the next pack reads the same columns of the next block's rows.
       const int64_t prefetch_rows = pairs == all_pairs ? smaller(rows + 16, row_end - block) : rows;
-      pack_panels(w + 2 * first_pair, op.cols, smaller(2 * pairs, op.cols - 2 * first_pair), block, rows, prefetch_rows, packed);
+      pack_panels(w + 2 * first_pair, op.cols, smaller(2 * pairs, op.cols - 2 * first_pair), block, rows, prefetch_rows,
+                  packed);
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t t0 = op.tokens * tile / tiles, t1 = op.tokens * (tile + 1) / tiles;
         for (int64_t panel = 0; panel * kPanelRows < rows; ++panel) {
