@@ -242,7 +242,7 @@ struct Q4Vnni : SuperblockRowLoads<Q4Vnni> {
   static constexpr int64_t kWeightBits = 4;
   // q4's rows carry half q8's bytes, so its arithmetic weighs more: one-row tiles measured 10-33% faster
   // at 2-4 tokens on the Zen 5, and 8-30% slower at 8 (where 4 x 3 tiles keep it closer to the compute roof).
-  // Two rows per tile on long rows measured 7-13% slower at 3-4 tokens.
+  // Two rows per tile on long rows measured slower at 3-4 tokens (five of six cases, by up to 13%).
   static constexpr int kNarrowBatchTokens = 4;
   struct Row { const uint8_t* nibbles; const uint16_t* scales; };
   static Row row(const MatmulOperands& op, int64_t r) {
