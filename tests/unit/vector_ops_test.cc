@@ -100,12 +100,10 @@ TEST(VectorOps, GeluTanhMultiplyMatchesDouble) {
       std::vector<float> by_factor = gate;
       gelu_tanh_multiply_by(by_factor.data(), up.data(), size);
       EXPECT_EQ(by_factor, actual);
-      // Into another buffer: the same values, and the gates are left as they were.
-      const std::vector<float> gate_before = gate;
+      // Into another buffer (the gates are const here): the same values.
       std::vector<float> elsewhere(static_cast<size_t>(size), -1.0f);
       gelu_tanh_multiply(gate.data(), up.data(), size, elsewhere.data());
       EXPECT_EQ(elsewhere, actual);
-      EXPECT_EQ(gate, gate_before);
       for (int64_t i = 0; i < size; ++i) {
         const double expected = exact_gelu(gate[i]) * up[i];
         ASSERT_NEAR(actual[i], expected, 1e-6 * (std::abs(gate[i]) + 1e-3) * std::abs(up[i])) << "x " << gate[i];
