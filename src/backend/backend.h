@@ -171,6 +171,17 @@ class Backend {
     gelu_multiply(gate, up, rows, width, up_stride, up_offset);
     matmul(gate, rows, weight, y);
   }
+  // A dense gated MLP: gate_out = W_gate x and up_out = W_up x (rows x width each), then
+  // gelu_multiply_matmul(gate_out, up_out, ...) by `down` into y. Afterwards gate_out and up_out hold
+  // unspecified values: a backend may apply the GELU as the products leave its kernels (the CPU backend
+  // on a prompt: gate and up sums never leave the registers as floats).
+  virtual void gelu_feed_forward(Buffer x, int rows, Weight gate, Weight up, int width, Weight down, Buffer gate_out,
+                                 Buffer up_out, Buffer y) {
+    const Weight weights[] = {gate, up};
+    const Buffer outputs[] = {gate_out, up_out};
+    matmul_each(x, rows, weights, outputs);
+    gelu_multiply_matmul(gate_out, up_out, rows, width, width, 0, down, y);
+  }
   // Per-Layer Embeddings: inputs[i] = (context[i] + inputs[i] * embed_scale) * combine_scale, where
   // `inputs` arrives holding the gathered per-layer embedding rows.
   virtual void combine_per_layer_inputs(Buffer context, Buffer inputs, int64_t count, float embed_scale, float combine_scale) = 0;

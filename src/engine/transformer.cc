@@ -633,10 +633,7 @@ void Transformer::feed_forward(int layer, int count) {
   const int width = static_cast<int>(partition_ ? partition_->layers[layer].mlp_rows.count : geometry.mlp_intermediate_size);
 
   device.rms_norm(hidden_, count, hidden, state.pre_feedforward_norm, eps_, normed_);
-  const backend::Weight weights[] = {state.gate, state.up};
-  const Buffer outputs[] = {gate_, up_};
-  device.matmul_each(normed_, count, weights, outputs);
-  device.gelu_multiply_matmul(gate_, up_, count, width, width, 0, state.down, ffn_out_);
+  device.gelu_feed_forward(normed_, count, state.gate, state.up, width, state.down, gate_, up_, ffn_out_);
   all_reduce(ffn_out_, values);  // down_proj is row-parallel
 
   if (config_.enable_moe_block) {

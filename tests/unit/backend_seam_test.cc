@@ -380,6 +380,65 @@ TEST(BackendRegistry, CpuGeluMultiplyMatmulMatchesTheTwoOps) {
   }
 }
 
+// The CPU backend's dense MLP on a prompt applies GELU x up as the gate and up products leave the bf16
+// prefill tiles: bitwise what matmul_each and gelu_multiply_matmul give, in every weight format (only
+// bf16 takes the fused path), on two threads, for a width that ends inside a panel, from a decode
+// step's rows to a prompt's.
+TEST(BackendRegistry, CpuGeluFeedForwardMatchesTheUnfusedOps) {
+  constexpr int64_t kHidden = 640, kWidth = 200;
+  const std::unique_ptr<backend::Backend> cpu = backend::make_backend({.name = "cpu", .threads = 2});
+  uint32_t seed = 23;
+  auto random_values = [&](size_t count, float scale) {
+    std::vector<float> values(count);
+    for (float& value : values) value = scale * testing::next_centered(seed);
+    return values;
+  };
+  auto upload = [&](const std::vector<float>& values) {
+    const Buffer buffer = cpu->allocate(values.size() * sizeof(float));
+    cpu->upload(buffer, 0, values.data(), values.size() * sizeof(float));
+    return buffer;
+  };
+  auto download = [&](Buffer buffer, size_t count) {
+    std::vector<float> values(count);
+    cpu->download(buffer, 0, values.data(), count * sizeof(float));
+    return values;
+  };
+  auto view_of = [](const std::vector<float>& values, int64_t rows, int64_t cols) {
+    TensorView view;
+    view.name = "mlp";
+    view.dtype = DType::kF32;
+    view.shape = {rows, cols};
+    view.data = reinterpret_cast<const std::byte*>(values.data());
+    return view;
+  };
+  const std::vector<float> gate_values = random_values(static_cast<size_t>(kWidth * kHidden), 0.1f);
+  const std::vector<float> up_values = random_values(static_cast<size_t>(kWidth * kHidden), 0.1f);
+  const std::vector<float> down_values = random_values(static_cast<size_t>(kHidden * kWidth), 0.1f);
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
+    const Weight gate = cpu->prepare_weight(view_of(gate_values, kWidth, kHidden), format);
+    const Weight up = cpu->prepare_weight(view_of(up_values, kWidth, kHidden), format);
+    const Weight down = cpu->prepare_weight(view_of(down_values, kHidden, kWidth), format);
+    for (const int rows : {3, 16, 17, 70}) {
+      SCOPED_TRACE(::testing::Message() << format_name(format) << ", " << rows << " rows");
+      const Buffer x = upload(random_values(static_cast<size_t>(rows * kHidden), 2.0f));
+      const size_t products = static_cast<size_t>(rows * kWidth), outputs = static_cast<size_t>(rows * kHidden);
+      const Buffer gate_out = cpu->allocate(products * sizeof(float)), up_out = cpu->allocate(products * sizeof(float));
+      const Buffer unfused_y = cpu->allocate(outputs * sizeof(float)), fused_y = cpu->allocate(outputs * sizeof(float));
+      const Weight weights[] = {gate, up};
+      const Buffer outs[] = {gate_out, up_out};
+      cpu->matmul_each(x, rows, weights, outs);
+      cpu->gelu_multiply_matmul(gate_out, up_out, rows, kWidth, kWidth, 0, down, unfused_y);
+      cpu->gelu_feed_forward(x, rows, gate, up, kWidth, down, gate_out, up_out, fused_y);
+      const std::vector<float> expected = download(unfused_y, outputs);
+      const std::vector<float> got = download(fused_y, outputs);
+      EXPECT_EQ(std::memcmp(got.data(), expected.data(), outputs * sizeof(float)), 0);
+      double magnitude = 0.0;
+      for (float value : expected) magnitude += std::fabs(value);
+      EXPECT_GT(magnitude, 0.0);
+    }
+  }
+}
+
 // A prompt's rows of the row-wise element-wise ops are shared over the pool (above 65,536 elements):
 // two threads give bitwise what one gives, for norms, RoPE (each row at its own position) and GELU
 // (dense rows, and gate and up side by side in one buffer).

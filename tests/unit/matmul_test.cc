@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "core/error.h"
 #include "backend/host/isa.h"
 #include "backend/cpu/kernels/matmul.h"
+#include "backend/cpu/kernels/vector_ops.h"
 
 namespace gemma4rt::kernels {
 namespace {
@@ -291,6 +293,60 @@ TEST(Matmul, RowSplitsGiveBitwiseIdenticalResults) {
           }
           ASSERT_EQ(std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)), 0) << "trial " << trial;
         }
+      }
+    }
+  }
+}
+
+// A prompt's gate and up products with GELU x up applied in the prefill tiles (gelu_gate_up) give
+// bitwise what the two matmuls, gelu_tanh_multiply and the bf16 preparation of the product give, for
+// K in one stretch (161, odd) and in three (4,133), widths that end inside a panel, index ranges split
+// anywhere, and the rows' padding cleared. Below AVX-512 BF16, and for a decode step's 16 tokens, the
+// call is refused.
+TEST(Matmul, FusedGateUpGivesTheUnfusedBits) {
+  IsaGuard guard;
+  std::mt19937 rng(19);
+  for (Isa level : runnable_levels()) {
+    set_active_isa(level);
+    for (const auto& [tokens, cols, width] : {std::tuple<int64_t, int64_t, int64_t>{17, 161, 45}, {40, 161, 203},
+                                              {23, 4133, 70}, {16, 161, 45}}) {
+      SCOPED_TRACE(testing::Message() << isa_name(level) << " tokens " << tokens << " cols " << cols << " width " << width);
+      const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
+      const TestWeights gate = make_weights(random_floats(rng, static_cast<size_t>(width * cols), 0.2f), width, cols, WeightFormat::kBF16);
+      const TestWeights up = make_weights(random_floats(rng, static_cast<size_t>(width * cols), 0.2f), width, cols, WeightFormat::kBF16);
+      PreparedActivations prepared;
+      prepared.prepare(x.data(), tokens, cols, WeightFormat::kBF16);
+      std::vector<float> gate_sums(static_cast<size_t>(tokens * width)), up_sums(gate_sums.size());
+      PreparedActivations products;
+      if (!gate_up_fusable(prepared, gate.matrix, up.matrix)) {
+        EXPECT_TRUE(level < Isa::kAvx512Bf16 || tokens <= 16);
+        products.reshape(tokens, width, WeightFormat::kBF16);
+        EXPECT_THROW(gelu_gate_up(prepared, gate.matrix, up.matrix, gate_sums.data(), up_sums.data(), products, 0, width), Error);
+        continue;
+      }
+      ASSERT_TRUE(level >= Isa::kAvx512Bf16 && tokens > 16);
+
+      // The unfused way: both products as floats, GELU x up, then the preparation for down_proj.
+      std::vector<float> gates(gate_sums.size()), ups(gate_sums.size()), unfused_values(gate_sums.size());
+      matmul(prepared, gate.matrix, gates.data(), width, 0, width);
+      matmul(prepared, up.matrix, ups.data(), width, 0, width);
+      for (int64_t t = 0; t < tokens; ++t) {
+        gelu_tanh_multiply(gates.data() + t * width, ups.data() + t * width, width, unfused_values.data() + t * width);
+      }
+      PreparedActivations unfused;
+      unfused.prepare(unfused_values.data(), tokens, width, WeightFormat::kBF16);
+      const size_t elements = static_cast<size_t>(tokens * unfused.stride());
+
+      for (const int64_t split : {width, int64_t{13}, int64_t{32}}) {
+        SCOPED_TRACE(testing::Message() << "split at " << split);
+        // Fill the buffer's padding with non-zero values first: a stride's worth of ones, then reshaped.
+        const std::vector<float> ones(static_cast<size_t>(tokens * unfused.stride()), 1.0f);
+        products.prepare(ones.data(), tokens, unfused.stride(), WeightFormat::kBF16);
+        products.reshape(tokens, width, WeightFormat::kBF16);
+        ASSERT_EQ(products.stride(), unfused.stride());
+        gelu_gate_up(prepared, gate.matrix, up.matrix, gate_sums.data(), up_sums.data(), products, 0, split);
+        gelu_gate_up(prepared, gate.matrix, up.matrix, gate_sums.data(), up_sums.data(), products, split, width);
+        EXPECT_EQ(std::memcmp(products.bf16_values(), unfused.bf16_values(), elements * sizeof(uint16_t)), 0);
       }
     }
   }

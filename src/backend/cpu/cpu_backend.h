@@ -29,6 +29,8 @@ class CpuBackend : public HostBackend {
   size_t owned_weight_bytes() const override;
   void gelu_multiply_matmul(Buffer gate, Buffer up, int rows, int width, int64_t up_stride, int64_t up_offset, Weight weight,
                             Buffer y) override;
+  void gelu_feed_forward(Buffer x, int rows, Weight gate, Weight up, int width, Weight down, Buffer gate_out, Buffer up_out,
+                         Buffer y) override;
 
  protected:
   void store_weight(int32_t id, const TensorView& view, WeightFormat format) override;
@@ -52,13 +54,14 @@ class CpuBackend : public HostBackend {
   // Whether a product of `rows` input rows is large enough to be worth waking the pool for.
   static bool worth_threads(const kernels::WeightMatrix& matrix, int rows);
   void prepare_input(const float* x, int rows, const kernels::WeightMatrix& matrix, bool threaded);
-  // The products of the prepared input with weights `ids` into `ys`, on the pool.
-  void run_products(int rows, std::span<const int32_t> ids, std::span<float* const> ys);
+  // The products of `input` (prepared) with weights `ids` into `ys`, on the pool.
+  void run_products(const kernels::PreparedActivations& input, std::span<const int32_t> ids, std::span<float* const> ys);
   // Rows per stolen chunk of a decode step's product of `weight`.
   static int64_t steal_chunk_rows(const PreparedWeight& weight);
 
   std::vector<PreparedWeight> weights_;
   kernels::PreparedActivations prepared_;
+  kernels::PreparedActivations down_input_;  // gelu_feed_forward's products, prepared for down_proj
   std::vector<std::vector<float>> gelu_rows_;  // gelu_multiply_matmul's row of products, one per thread
   std::deque<StealingRanges> steals_;  // one per weight of run_products (a deque: they cannot move)
 };

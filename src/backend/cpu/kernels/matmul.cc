@@ -310,6 +310,49 @@ void PreparedActivations::convert_row(const float* source, int64_t t) {
   }
 }
 
+bool gate_up_fusable(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up) {
+  return isa_at_least(active_isa(), Isa::kAvx512Bf16) && x.format() == WeightFormat::kBF16 &&
+         gate.format == WeightFormat::kBF16 && up.format == WeightFormat::kBF16 && x.cols() == gate.cols &&
+         up.cols == gate.cols && up.rows == gate.rows && x.tokens() > detail::kBatchMaxTokens && gate.values != nullptr &&
+         up.values != nullptr;
+}
+
+void gelu_gate_up(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up, float* gate_sums,
+                  float* up_sums, PreparedActivations& products, int64_t index_begin, int64_t index_end) {
+  if (!gate_up_fusable(x, gate, up)) {
+    fail("gelu_gate_up: {} activations ({} tokens x {}) with {} gate [{}, {}] and {} up [{}, {}] weights on {} cannot be fused",
+         format_name(x.format()), x.tokens(), x.cols(), format_name(gate.format), gate.rows, gate.cols, format_name(up.format),
+         up.rows, up.cols, isa_name(active_isa()));
+  }
+  if (products.format() != WeightFormat::kBF16 || products.tokens() != x.tokens() || products.cols() != gate.rows) {
+    fail("gelu_gate_up: products prepared as {} tokens x {} {} for {} tokens x {} bf16", products.tokens(), products.cols(),
+         format_name(products.format()), x.tokens(), gate.rows);
+  }
+  if (index_begin < 0 || index_end > gate.rows || index_begin > index_end) {
+    fail("gelu_gate_up: index range [{}, {}) outside {} rows", index_begin, index_end, gate.rows);
+  }
+  if (gate_sums == nullptr || up_sums == nullptr) fail("gelu_gate_up: no buffers for the partial sums");
+  detail::GateUpOperands operands{};
+  operands.x = x.bf16_values();
+  operands.x_stride = x.stride();
+  operands.tokens = x.tokens();
+  operands.gate = static_cast<const uint16_t*>(gate.values);
+  operands.up = static_cast<const uint16_t*>(up.values);
+  operands.cols = gate.cols;
+  operands.gate_sums = gate_sums;
+  operands.up_sums = up_sums;
+  operands.sums_stride = gate.rows;
+  operands.products = reinterpret_cast<uint16_t*>(products.values_.get());
+  operands.products_stride = products.stride();
+  detail::prefill_gelu_gate_up_avx512bf16(operands, index_begin, index_end);
+  if (index_end == gate.rows) {
+    for (int64_t t = 0; t < x.tokens(); ++t) {
+      std::memset(operands.products + t * operands.products_stride + gate.rows, 0,
+                  static_cast<size_t>(operands.products_stride - gate.rows) * sizeof(uint16_t));
+    }
+  }
+}
+
 void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64_t y_stride, int64_t row_begin,
             int64_t row_end) {
   if (x.format() != w.format || x.cols() != w.cols) {

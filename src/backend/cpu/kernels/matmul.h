@@ -118,6 +118,9 @@ class PreparedActivations {
   template <typename T>
   static void reserve(std::unique_ptr<T, FreeDeleter>& buffer, size_t& capacity, size_t bytes);
 
+  friend void gelu_gate_up(const PreparedActivations&, const WeightMatrix&, const WeightMatrix&, float*, float*,
+                           PreparedActivations&, int64_t, int64_t);  // writes its bf16 values
+
   std::unique_ptr<std::byte, FreeDeleter> values_;
   std::unique_ptr<float, FreeDeleter> scales_;
   std::unique_ptr<std::byte, FreeDeleter> superblocks_;
@@ -125,6 +128,18 @@ class PreparedActivations {
   int64_t tokens_ = 0, cols_ = 0, stride_ = 0;
   WeightFormat format_ = WeightFormat::kF32;
 };
+
+// A prompt's gated feed-forward input in one pass over gate and up: for each token t and index i in
+// [index_begin, index_end), products' bf16 value (t, i) = gelu_tanh(gate_i . x_t) * (up_i . x_t), bit for
+// bit what matmul of each weight, gelu_tanh_multiply and PreparedActivations::convert_row give, without
+// the two products written out as floats and read back. `products` must have been reshaped to
+// (x.tokens(), gate.rows, kBF16); the call whose range ends at gate.rows clears the rows' padding.
+// gate_sums and up_sums ([x.tokens()][gate.rows]) hold partial sums when K is long (more than 2,048
+// values); afterwards their contents are unspecified. Only where gate_up_fusable says so (bf16 weights
+// with vdpbf16ps, more tokens than a decode step's 16); throws gemma4rt::Error otherwise.
+bool gate_up_fusable(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up);
+void gelu_gate_up(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up, float* gate_sums,
+                  float* up_sums, PreparedActivations& products, int64_t index_begin, int64_t index_end);
 
 // y[t * y_stride + r] = sum_k x[t, k] * W[r, k] for t < x.tokens() and r in [row_begin, row_end);
 // other elements of y are untouched. Single-threaded; callers split rows across threads. x must have
@@ -151,6 +166,24 @@ struct MatmulOperands {
   int64_t y_first_row = 0;      // the weight row whose output is y[0] (a kernel may stage outputs in its own buffer)
 };
 
+// Products of more tokens than this take the prefill kernels; up to this many, a decode step's tiles.
+inline constexpr int kBatchMaxTokens = 16;
+
+// gelu_gate_up's operands: bf16 activations and weights, its products' bf16 rows.
+struct GateUpOperands {
+  const uint16_t* x;            // [tokens][x_stride], zero padded
+  int64_t x_stride;
+  int64_t tokens;
+  const uint16_t* gate;         // [rows][cols] each
+  const uint16_t* up;
+  int64_t cols;
+  float* gate_sums;             // [tokens][sums_stride]: partial sums between stretches of K
+  float* up_sums;
+  int64_t sums_stride;
+  uint16_t* products;           // [tokens][products_stride]
+  int64_t products_stride;
+};
+
 void matmul_f32_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_bf16_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q8_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
@@ -160,6 +193,8 @@ void matmul_bf16_avx512bf16(const MatmulOperands& operands, int64_t row_begin, i
 // Prefill (tokens above the batch tiles' 16): weight rows packed into pair-interleaved panels, output
 // rows in the lanes (prefill_panels_avx512.cc).
 void prefill_bf16_panels_avx512bf16(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+// gelu_gate_up on the same panels, gate and up rows of the same indices side by side in each.
+void prefill_gelu_gate_up_avx512bf16(const GateUpOperands& operands, int64_t index_begin, int64_t index_end);
 void matmul_q8_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q4_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q4_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cpu/kernels/math_avx512.h"
 #include "backend/cpu/kernels/matmul.h"
 
 namespace gemma4rt::kernels::detail {
@@ -592,7 +593,6 @@ int64_t narrow_chunk(const MatmulOperands& op) {
 // tiles of a group, two groups ahead, measured 4-6% faster for 8 q8 tokens in 4 x 3 tiles on a Zen 5,
 // but those products now take narrow tiles, and where 4 x 3 tiles remain (16 tokens, long K, q4 at 8)
 // it measured 3-9% slower.
-constexpr int kBatchMaxTokens = 16;
 constexpr int64_t kBatchBlockRows = 12;  // a multiple of every kBatchRows
 constexpr int64_t kStagedRows = 4 * kBatchBlockRows;  // 48 outputs: 3 cache lines per token
 
@@ -696,23 +696,11 @@ void matmul_q4_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t
   run<Q4Vnni>(operands, row_begin, row_end);
 }
 
-// Same arithmetic as float_to_bf16: add 0x7fff plus the lowest kept bit, keep the top half; NaNs stay
-// quiet NaNs.
+// Same arithmetic as float_to_bf16 (round_to_bf16_bits).
 void round_to_bf16_avx512(const float* source, int64_t count, uint16_t* out) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i infinity = _mm512_set1_epi32(0x7f800000);
-  const __m512i round_bias = _mm512_set1_epi32(0x7fff);
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i quiet = _mm512_set1_epi32(0x40);
   for (int64_t i = 0; i < count; i += 16) {
     const __mmask16 lanes = count - i >= 16 ? static_cast<__mmask16>(0xffff) : mask16(count - i);
-    const __m512i bits = _mm512_maskz_loadu_epi32(lanes, source + i);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, abs_mask), infinity);
-    const __m512i high = _mm512_srli_epi32(bits, 16);
-    const __m512i rounded =
-        _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(round_bias, _mm512_and_si512(high, one))), 16);
-    const __m512i result = _mm512_mask_or_epi32(rounded, nan, high, quiet);
-    _mm512_mask_cvtepi32_storeu_epi16(out + i, lanes, result);
+    _mm512_mask_cvtepi32_storeu_epi16(out + i, lanes, round_to_bf16_bits(_mm512_maskz_loadu_epi32(lanes, source + i)));
   }
 }
 

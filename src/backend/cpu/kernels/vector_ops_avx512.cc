@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "backend/cpu/kernels/head_blocks.h"
+#include "backend/cpu/kernels/math_avx512.h"
 #include "backend/cpu/kernels/vector_ops.h"
 
 namespace gemma4rt::kernels::detail {
@@ -29,31 +30,6 @@ __mmask16 first_lanes(int64_t remaining) {
 }
 
 // ---- Transcendentals ----------------------------------------------------------------------------
-
-// exp(x) for x <= 0: x = n ln2 + r with |r| <= ln2/2, e^r from its degree-7 Taylor polynomial
-// (truncation < 6e-9), 2^n built in the exponent field. Below ln(FLT_MIN) the result is 0 rather
-// than a subnormal; NaN stays NaN.
-__m512 exp_nonpositive(__m512 x) {
-  const __m512 lowest = _mm512_set1_ps(-87.33654f);
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lowest, _CMP_LT_OQ);
-  x = _mm512_max_ps(lowest, x);  // max returns its second operand for NaN, keeping NaN
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // ln2 split in two so that n * ln2 keeps its full precision.
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147182464599609375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-1.904654299957768e-09f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i two_to_n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(two_to_n));
-  return _mm512_mask_mov_ps(result, underflow, _mm512_setzero_ps());
-}
 
 // tanh: the odd Taylor series up to x^17 for |x| < 0.55 (where (1 - e) / (1 + e) would lose bits to
 // cancellation), (1 - e) / (1 + e) with e = exp(-2|x|) above; saturates to +-1 for large |x|.
@@ -76,20 +52,6 @@ __m512 tanh_ps(__m512 x) {
   const __mmask16 small = _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(0.55f), _CMP_LT_OQ);
   const __m512 result = _mm512_mask_mov_ps(ratio, small, series);
   return _mm512_or_ps(result, _mm512_and_ps(x, sign_bit));
-}
-
-// GELU-tanh as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the same function as
-// 0.5 x (1 + tanh(u)) without its cancellation for negative x. e = exp(-2|u|) never overflows.
-__m512 gelu_tanh_ps(__m512 x) {
-  const __m512 square = _mm512_mul_ps(x, x);
-  const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(square, _mm512_set1_ps(0.044715f)), x, x);
-  const __m512 u = _mm512_mul_ps(inner, _mm512_set1_ps(0.7978845608028654f));
-  const __m512 magnitude = _mm512_andnot_ps(_mm512_set1_ps(-0.0f), u);
-  const __m512 e = exp_nonpositive(_mm512_mul_ps(magnitude, _mm512_set1_ps(-2.0f)));
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __mmask16 negative = _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_LT_OQ);
-  const __m512 numerator = _mm512_mask_mov_ps(one, negative, e);  // sigmoid(2u) = 1/(1+e) or e/(1+e)
-  return _mm512_mul_ps(x, _mm512_div_ps(numerator, _mm512_add_ps(one, e)));
 }
 
 // ---- Element-wise kernels -----------------------------------------------------------------------
