@@ -26,6 +26,18 @@ using backend::Weight;
 
 const std::string kGoldenDir = GEMMA4RT_TEST_DATA "/golden/";
 
+// A new buffer of `device` holding `values`, and `count` floats read back from one.
+Buffer upload_floats(backend::Backend& device, const std::vector<float>& values) {
+  const Buffer buffer = device.allocate(values.size() * sizeof(float));
+  device.upload(buffer, 0, values.data(), values.size() * sizeof(float));
+  return buffer;
+}
+std::vector<float> download_floats(backend::Backend& device, Buffer buffer, size_t count) {
+  std::vector<float> values(count);
+  device.download(buffer, 0, values.data(), count * sizeof(float));
+  return values;
+}
+
 // Forwards everything to `inner`, counting allocations and transfers and tracing the order of calls:
 // A allocate, U upload, B begin_step, O any op, E end_step, D download.
 class CountingBackend : public backend::Backend {
@@ -337,16 +349,8 @@ TEST(BackendRegistry, CpuGeluMultiplyMatmulMatchesTheTwoOps) {
     for (float& value : values) value = 4.0f * testing::next_centered(seed);
     return values;
   };
-  auto upload = [&](const std::vector<float>& values) {
-    const Buffer buffer = cpu->allocate(values.size() * sizeof(float));
-    cpu->upload(buffer, 0, values.data(), values.size() * sizeof(float));
-    return buffer;
-  };
-  auto download = [&](Buffer buffer, size_t count) {
-    std::vector<float> values(count);
-    cpu->download(buffer, 0, values.data(), count * sizeof(float));
-    return values;
-  };
+  auto upload = [&](const std::vector<float>& values) { return upload_floats(*cpu, values); };
+  auto download = [&](Buffer buffer, size_t count) { return download_floats(*cpu, buffer, count); };
   const std::vector<float> weight_values = random_values(static_cast<size_t>(kOutputs * kWidth));
   TensorView view;
   view.name = "down";
@@ -393,16 +397,8 @@ TEST(BackendRegistry, CpuGeluFeedForwardMatchesTheUnfusedOps) {
     for (float& value : values) value = scale * testing::next_centered(seed);
     return values;
   };
-  auto upload = [&](const std::vector<float>& values) {
-    const Buffer buffer = cpu->allocate(values.size() * sizeof(float));
-    cpu->upload(buffer, 0, values.data(), values.size() * sizeof(float));
-    return buffer;
-  };
-  auto download = [&](Buffer buffer, size_t count) {
-    std::vector<float> values(count);
-    cpu->download(buffer, 0, values.data(), count * sizeof(float));
-    return values;
-  };
+  auto upload = [&](const std::vector<float>& values) { return upload_floats(*cpu, values); };
+  auto download = [&](Buffer buffer, size_t count) { return download_floats(*cpu, buffer, count); };
   auto view_of = [](const std::vector<float>& values, int64_t rows, int64_t cols) {
     TensorView view;
     view.name = "mlp";

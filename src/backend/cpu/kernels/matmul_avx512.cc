@@ -14,18 +14,10 @@
 // vdpbf16ps does not come here: it packs the weights into panels with the output rows in the lanes
 // (prefill_panels_avx512.cc).
 
-// GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
-// uninitialised (GCC bug 105593) once they are inlined into these kernels.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <cstdint>
 #include <cstring>
 
-#include "backend/cpu/kernels/math_avx512.h"
+#include "backend/cpu/kernels/math_avx512.h"  // <immintrin.h>, with GCC 12's false warnings silenced
 #include "backend/cpu/kernels/matmul.h"
 
 namespace gemma4rt::kernels::detail {

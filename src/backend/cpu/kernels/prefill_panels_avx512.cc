@@ -27,21 +27,13 @@
 // time it was packed, pushed out by the tiles' activations), so there is none. Packing itself asks for
 // the next 16 rows while it transposes the current ones.
 
-// GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
-// uninitialised (GCC bug 105593) once they are inlined into these kernels.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 
-#include "backend/cpu/kernels/math_avx512.h"
+#include "backend/cpu/kernels/math_avx512.h"  // <immintrin.h>, with GCC 12's false warnings silenced
 #include "backend/cpu/kernels/matmul.h"
 
 namespace gemma4rt::kernels::detail {
