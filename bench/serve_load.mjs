@@ -57,21 +57,34 @@ if (silent > 0) {
   process.exit(1);
 }
 const ttft = results.map((r) => r.firstToken).sort((a, b) => a - b);
-// Decode phase: the stretch in which every stream has had its first token and none has finished, so
-// all of them decode together. Its rate counts only the tokens that arrived inside it: a stream whose
-// prompt was served first has already decoded some tokens when the last stream's first token comes.
-const windowStart = Math.max(...results.map((r) => r.arrivals[0]));
-const windowEnd = Math.min(...results.map((r) => r.arrivals[r.arrivals.length - 1]));
-const decodeTokens = results.reduce((sum, r) => sum + r.arrivals.filter((t) => t > windowStart && t <= windowEnd).length, 0);
-const decodeWindow = (windowEnd - windowStart) / 1000;
+// Decode phase: the stretches in which the most streams decode together (each stream decodes from its
+// first token to its last). With no more streams than the server has slots that is one stretch, from
+// the last stream's first token to the first stream's end; with more, each slot's stream is followed by
+// a waiting one, and the stretches are those at full occupancy. The rate counts only the tokens that
+// arrived inside them: a stream whose prompt was served first has already decoded some tokens when the
+// last stream's first token comes.
+const spans = results.map((r) => [r.arrivals[0], r.arrivals[r.arrivals.length - 1]]);
+const edges = spans.flatMap(([from, to]) => [[from, 1], [to, -1]]).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+let active = 0;
+let decodeStreams = 0;
+const stretches = [];  // [from, to, streams decoding]
+for (let i = 0; i + 1 < edges.length; ++i) {
+  active += edges[i][1];
+  if (edges[i + 1][0] > edges[i][0]) stretches.push([edges[i][0], edges[i + 1][0], active]);
+  decodeStreams = Math.max(decodeStreams, active);
+}
+const full = stretches.filter(([, , streams]) => streams === decodeStreams);
+const inside = (t) => full.some(([from, to]) => t > from && t <= to);
+const decodeTokens = results.reduce((sum, r) => sum + r.arrivals.filter(inside).length, 0);
+const decodeWindow = full.reduce((sum, [from, to]) => sum + (to - from), 0) / 1000;
 if (decodeTokens === 0 || decodeWindow <= 0) {
-  console.error("serve_load: no stretch in which all streams decoded together (raise TOKENS)");
+  console.error("serve_load: no stretch in which the streams decoded together (raise TOKENS)");
   process.exit(1);
 }
 console.log(JSON.stringify({
   concurrency, max_tokens: maxTokens, prompt_tokens: promptTokens, seconds,
   chunks_received: generated, aggregate_tokens_per_s: (concurrency * maxTokens) / seconds,
   ttft_ms_median: ttft[Math.floor(ttft.length / 2)], ttft_ms_max: ttft[ttft.length - 1],
-  decode_window_s: decodeWindow, decode_window_tokens: decodeTokens,
+  decode_streams: decodeStreams, decode_window_s: decodeWindow, decode_window_tokens: decodeTokens,
   decode_phase_tokens_per_s: decodeTokens / decodeWindow,
 }));
