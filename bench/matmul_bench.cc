@@ -18,6 +18,11 @@
 //                              the Decode product for one token and for T in turn, call by call, so both
 //                              see the same bandwidth: step_ratio (T tokens' time over one's) and speedup
 //                              (T / step_ratio), the figures behind "8 streams >= 6x one".
+//   GatedFeedForward/<fused|unfused>/<width>x<hidden>/tokens:T/threads:N
+//                              a bf16 prompt's gate and up products into down_proj's prepared input:
+//                              GELU x up in the prefill tiles (kernels::gelu_gate_up), or the two
+//                              products stored as floats, then GELU x up and the bf16 conversion row
+//                              by row (as the CPU backend ran it before); GFLOP/s counts the products.
 //   Prepare/<fmt>/...          the once-per-matmul activation conversion.
 // Threads: the calling thread plus persistent std::threads, each taking an equal share of the rows
 // (a multiple of 16 rows), as the engine's pool does.
@@ -41,6 +46,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -49,6 +55,7 @@
 #include "backend/host/compute_peak.h"
 #include "backend/host/isa.h"
 #include "backend/cpu/kernels/matmul.h"
+#include "backend/cpu/kernels/vector_ops.h"
 #include "core/weight_buffer.h"
 
 namespace gemma4rt::kernels {
@@ -346,6 +353,51 @@ void RunBatchCost(benchmark::State& state, MatmulCase c) {
   state.counters["speedup"] = static_cast<double>(c.tokens) / ratio;
 }
 
+void RunGatedFeedForward(benchmark::State& state, int64_t width, int64_t hidden, int64_t tokens, int threads, bool fused) {
+  if (detected_isa() < Isa::kAvx512Bf16) return state.SkipWithError("the fused products need AVX-512 BF16");
+  // Gate rows, then up rows, of one weight set.
+  const WeightSet& set = weights(WeightFormat::kBF16, 2 * width, hidden, false);
+  WeightMatrix gate = set.copies[0];
+  gate.rows = width;
+  WeightMatrix up = gate;
+  up.values = static_cast<const uint16_t*>(gate.values) + width * hidden;
+  const std::vector<float> x = random_activations(tokens, hidden);
+  PreparedActivations prepared, products;
+  prepared.prepare(x.data(), tokens, hidden, WeightFormat::kBF16);
+  std::vector<float> gates(static_cast<size_t>(tokens * width)), ups(gates.size());
+  std::vector<std::vector<float>> rows(static_cast<size_t>(threads), std::vector<float>(static_cast<size_t>(width)));
+  auto share = [&](int64_t count, int64_t granule, int thread) {
+    const int64_t each = (count / threads + granule - 1) / granule * granule;
+    const int64_t begin = std::min(count, thread * each);
+    return std::pair{begin, thread + 1 == threads ? count : std::min(count, begin + each)};
+  };
+  for (auto _ : state) {
+    products.reshape(tokens, width, WeightFormat::kBF16);
+    if (fused) {
+      runner(threads).run([&](int thread) {
+        const auto [begin, end] = share(width, 32, thread);
+        gelu_gate_up(prepared, gate, up, gates.data(), ups.data(), products, begin, end);
+      });
+    } else {
+      runner(threads).run([&](int thread) {
+        const auto [begin, end] = share(width, 16, thread);
+        matmul(prepared, gate, gates.data(), width, begin, end);
+        matmul(prepared, up, ups.data(), width, begin, end);
+      });
+      runner(threads).run([&](int thread) {
+        const auto [begin, end] = share(tokens, 1, thread);
+        std::vector<float>& row = rows[static_cast<size_t>(thread)];
+        for (int64_t t = begin; t < end; ++t) {
+          gelu_tanh_multiply(gates.data() + t * width, ups.data() + t * width, width, row.data());
+          products.convert_row(row.data(), t);
+        }
+      });
+    }
+    benchmark::DoNotOptimize(products.bf16_values());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * tokens * width * hidden * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void RunPrepare(benchmark::State& state, WeightFormat format, int64_t tokens, int64_t cols) {
   const std::vector<float> x = random_activations(tokens, cols, 7);
   PreparedActivations prepared;
@@ -426,6 +478,15 @@ const bool kRegistered = [] {
         if (format == WeightFormat::kBF16 && isa == detected_isa()) continue;  // ran above
         add_matmul("Prefill", {format, isa, 6144, 1536, 512, threads, false});
       }
+    }
+  }
+  // E2B's MLP widths (K in one stretch) and E4B's (K = 2,560: two stretches), a 256-token prompt chunk.
+  for (const Shape& shape : {Shape{6144, 1536}, Shape{12288, 1536}, Shape{10240, 2560}}) {
+    for (const bool fused : {true, false}) {
+      const std::string name = std::string("GatedFeedForward/") + (fused ? "fused/" : "unfused/") + std::to_string(shape.rows) + "x" +
+                               std::to_string(shape.cols) + "/tokens:256/threads:2";
+      benchmark::RegisterBenchmark(name.c_str(), RunGatedFeedForward, shape.rows, shape.cols, int64_t{256}, 2, fused)
+          ->UseRealTime()->Unit(benchmark::kMillisecond);
     }
   }
   for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
