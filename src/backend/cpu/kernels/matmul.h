@@ -134,7 +134,7 @@ class PreparedActivations {
 // bit what matmul of each weight, gelu_tanh_multiply and PreparedActivations::convert_row give, without
 // the two products written out as floats and read back. `products` must have been reshaped to
 // (x.tokens(), gate.rows, kBF16); the call whose range ends at gate.rows clears the rows' padding.
-// gate_sums and up_sums ([x.tokens()][gate.rows]) hold partial sums when K is long (more than 2,048
+// gate_sums and up_sums ([x.tokens()][gate.rows]) hold partial sums when K is long (more than 6,144
 // values); afterwards their contents are unspecified. Only where gate_up_fusable says so (bf16 weights
 // with vdpbf16ps, more tokens than a decode step's 16); throws gemma4rt::Error otherwise.
 bool gate_up_fusable(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up);
