@@ -15,8 +15,8 @@
 // A prompt's MLP packs its gate and up weights together (gated panels: 32 gate rows beside the same 32
 // up rows), so the tile that ends K holds both sums of each index and writes gelu_tanh(gate) * up,
 // rounded to bf16, as down_proj's prepared input: the GELU pass, the conversion and 24 MiB of float
-// stores and loads a layer (E2B, 512 tokens) are gone, and pp512 rose from 81.9% to 85.5% of the peak
-// at the medians of twelve interleaved pairs (Zen 5; docs/benchmarks.md).
+// stores and loads a layer (E2B, 512 tokens) are gone, and pp512 rose from 82.9% to 85.75% of the peak
+// at the medians of twenty interleaved pairs (Zen 5; docs/benchmarks.md).
 //
 // Each output is one lane's chain of vdpbf16ps over K's pairs in order, the same whichever token tile,
 // panel, stretch or thread range it falls in, so splitting rows across threads never changes results
