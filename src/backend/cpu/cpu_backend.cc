@@ -144,12 +144,11 @@ void CpuBackend::gelu_feed_forward(Buffer x, int rows, Weight gate, Weight up, i
   const kernels::WeightMatrix& gates = weights_.at(static_cast<size_t>(gate.id)).matrix;
   const kernels::WeightMatrix& ups = weights_.at(static_cast<size_t>(up.id)).matrix;
   const kernels::WeightMatrix& downs = weights_.at(static_cast<size_t>(down.id)).matrix;
-  const bool fusable = rows > kMaxStealingTokens && gates.format == WeightFormat::kBF16 && gates.rows == width &&
-                       downs.format == WeightFormat::kBF16 && downs.cols == width;
-  if (fusable) prepare_input(data(x), rows, gates, true);
-  if (!fusable || !kernels::gate_up_fusable(prepared_, gates, ups)) {
+  if (!kernels::gate_up_fusable(rows, gates, ups) || gates.rows != width || downs.format != WeightFormat::kBF16 ||
+      downs.cols != width) {
     return Backend::gelu_feed_forward(x, rows, gate, up, width, down, gate_out, up_out, y);
   }
+  prepare_input(data(x), rows, gates, true);
   down_input_.reshape(rows, width, WeightFormat::kBF16);
   float* gate_sums = data(gate_out);
   float* up_sums = data(up_out);

@@ -310,16 +310,15 @@ void PreparedActivations::convert_row(const float* source, int64_t t) {
   }
 }
 
-bool gate_up_fusable(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up) {
-  return isa_at_least(active_isa(), Isa::kAvx512Bf16) && x.format() == WeightFormat::kBF16 &&
-         gate.format == WeightFormat::kBF16 && up.format == WeightFormat::kBF16 && x.cols() == gate.cols &&
-         up.cols == gate.cols && up.rows == gate.rows && x.tokens() > detail::kBatchMaxTokens && gate.values != nullptr &&
+bool gate_up_fusable(int64_t tokens, const WeightMatrix& gate, const WeightMatrix& up) {
+  return isa_at_least(active_isa(), Isa::kAvx512Bf16) && gate.format == WeightFormat::kBF16 && up.format == WeightFormat::kBF16 &&
+         up.cols == gate.cols && up.rows == gate.rows && tokens > detail::kBatchMaxTokens && gate.values != nullptr &&
          up.values != nullptr;
 }
 
 void gelu_gate_up(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up, float* gate_sums,
                   float* up_sums, PreparedActivations& products, int64_t index_begin, int64_t index_end) {
-  if (!gate_up_fusable(x, gate, up)) {
+  if (!gate_up_fusable(x.tokens(), gate, up) || x.format() != WeightFormat::kBF16 || x.cols() != gate.cols) {
     fail("gelu_gate_up: {} activations ({} tokens x {}) with {} gate [{}, {}] and {} up [{}, {}] weights on {} cannot be fused",
          format_name(x.format()), x.tokens(), x.cols(), format_name(gate.format), gate.rows, gate.cols, format_name(up.format),
          up.rows, up.cols, isa_name(active_isa()));

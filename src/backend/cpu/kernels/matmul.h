@@ -135,9 +135,10 @@ class PreparedActivations {
 // the two products written out as floats and read back. `products` must have been reshaped to
 // (x.tokens(), gate.rows, kBF16); the call whose range ends at gate.rows clears the rows' padding.
 // gate_sums and up_sums ([x.tokens()][gate.rows]) hold partial sums when K is long (more than 6,144
-// values); afterwards their contents are unspecified. Only where gate_up_fusable says so (bf16 weights
-// with vdpbf16ps, more tokens than a decode step's 16); throws gemma4rt::Error otherwise.
-bool gate_up_fusable(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up);
+// values); afterwards their contents are unspecified. Only where gate_up_fusable says so for x.tokens()
+// (bf16 weights of one shape with vdpbf16ps, more tokens than a decode step's 16) and x is bf16 of
+// gate.cols columns; throws gemma4rt::Error otherwise.
+bool gate_up_fusable(int64_t tokens, const WeightMatrix& gate, const WeightMatrix& up);
 void gelu_gate_up(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up, float* gate_sums,
                   float* up_sums, PreparedActivations& products, int64_t index_begin, int64_t index_end);
 
