@@ -1,14 +1,18 @@
-// Helpers shared by the tests: running the gemma4rt binary, reading JSON fixtures, scratch folders.
+// Helpers shared by the tests: running the gemma4rt binary, reading JSON fixtures, scratch folders,
+// small weights.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "core/tensor.h"
 
 namespace gemma4rt::testing {
 
@@ -44,6 +48,16 @@ inline std::string string_param_name(const ::testing::TestParamInfo<std::string>
 inline float next_centered(uint32_t& seed) {
   seed = seed * 1664525u + 1013904223u;
   return static_cast<float>(seed >> 8) / 16777216.0f - 0.5f;
+}
+
+// A [rows][cols] f32 weight viewed in place from `values` (which must outlive the view).
+inline TensorView f32_view(const std::vector<float>& values, int64_t rows, int64_t cols, std::string name = "test.weight") {
+  TensorView view;
+  view.name = std::move(name);
+  view.dtype = DType::kF32;
+  view.shape = {rows, cols};
+  view.data = reinterpret_cast<const std::byte*>(values.data());
+  return view;
 }
 
 }  // namespace gemma4rt::testing

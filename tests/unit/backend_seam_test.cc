@@ -306,12 +306,7 @@ TEST(BackendRegistry, CpuMatmulEachMatchesSeparateProducts) {
       for (const auto& [rows, cols] : shapes) {
         values.emplace_back(static_cast<size_t>(rows * cols));
         for (float& value : values.back()) value = testing::next_centered(seed);
-        TensorView view;
-        view.name = "w";
-        view.dtype = DType::kF32;
-        view.shape = {rows, cols};
-        view.data = reinterpret_cast<const std::byte*>(values.back().data());
-        weights.push_back(cpu->prepare_weight(view, format));
+        weights.push_back(cpu->prepare_weight(testing::f32_view(values.back(), rows, cols), format));
       }
       for (const int rows : {1, 20}) {
         std::vector<float> input(static_cast<size_t>(rows) * 704);
@@ -352,13 +347,8 @@ TEST(BackendRegistry, CpuGeluMultiplyMatmulMatchesTheTwoOps) {
   auto upload = [&](const std::vector<float>& values) { return upload_floats(*cpu, values); };
   auto download = [&](Buffer buffer, size_t count) { return download_floats(*cpu, buffer, count); };
   const std::vector<float> weight_values = random_values(static_cast<size_t>(kOutputs * kWidth));
-  TensorView view;
-  view.name = "down";
-  view.dtype = DType::kF32;
-  view.shape = {kOutputs, kWidth};
-  view.data = reinterpret_cast<const std::byte*>(weight_values.data());
   for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
-    const Weight weight = cpu->prepare_weight(view, format);
+    const Weight weight = cpu->prepare_weight(testing::f32_view(weight_values, kOutputs, kWidth), format);
     for (const int rows : {1, 3, 40}) {
       for (const int64_t up_stride : {kWidth, 3 * kWidth}) {
         SCOPED_TRACE(::testing::Message() << format_name(format) << ", " << rows << " rows, up stride " << up_stride);
@@ -399,21 +389,13 @@ TEST(BackendRegistry, CpuGeluFeedForwardMatchesTheUnfusedOps) {
   };
   auto upload = [&](const std::vector<float>& values) { return upload_floats(*cpu, values); };
   auto download = [&](Buffer buffer, size_t count) { return download_floats(*cpu, buffer, count); };
-  auto view_of = [](const std::vector<float>& values, int64_t rows, int64_t cols) {
-    TensorView view;
-    view.name = "mlp";
-    view.dtype = DType::kF32;
-    view.shape = {rows, cols};
-    view.data = reinterpret_cast<const std::byte*>(values.data());
-    return view;
-  };
   const std::vector<float> gate_values = random_values(static_cast<size_t>(kWidth * kHidden), 0.1f);
   const std::vector<float> up_values = random_values(static_cast<size_t>(kWidth * kHidden), 0.1f);
   const std::vector<float> down_values = random_values(static_cast<size_t>(kHidden * kWidth), 0.1f);
   for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
-    const Weight gate = cpu->prepare_weight(view_of(gate_values, kWidth, kHidden), format);
-    const Weight up = cpu->prepare_weight(view_of(up_values, kWidth, kHidden), format);
-    const Weight down = cpu->prepare_weight(view_of(down_values, kHidden, kWidth), format);
+    const Weight gate = cpu->prepare_weight(testing::f32_view(gate_values, kWidth, kHidden), format);
+    const Weight up = cpu->prepare_weight(testing::f32_view(up_values, kWidth, kHidden), format);
+    const Weight down = cpu->prepare_weight(testing::f32_view(down_values, kHidden, kWidth), format);
     for (const int rows : {3, 16, 17, 70}) {
       SCOPED_TRACE(::testing::Message() << format_name(format) << ", " << rows << " rows");
       const Buffer x = upload(random_values(static_cast<size_t>(rows * kHidden), 2.0f));

@@ -47,15 +47,6 @@ std::vector<float> read(Backend& device, Buffer buffer, size_t count) {
   return values;
 }
 
-TensorView f32_view(const std::vector<float>& values, int64_t rows, int64_t cols) {
-  TensorView view;
-  view.name = "test.weight";
-  view.dtype = DType::kF32;
-  view.shape = {rows, cols};
-  view.data = reinterpret_cast<const std::byte*>(values.data());
-  return view;
-}
-
 class VulkanOps : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -79,7 +70,7 @@ class VulkanOps : public ::testing::Test {
     expect_same(
         [&](Backend& device) {
           const bool is_reference = device.name() == "reference";
-          const backend::Weight weight = device.prepare_weight(f32_view(is_reference ? rounded : weights, rows, cols), format);
+          const backend::Weight weight = device.prepare_weight(testing::f32_view(is_reference ? rounded : weights, rows, cols), format);
           const Buffer input = device.upload_constant(x);
           const Buffer output = device.allocate(static_cast<size_t>(tokens) * rows * sizeof(float));
           device.matmul(input, tokens, weight, output);
@@ -148,7 +139,7 @@ TEST_F(VulkanOps, PrefillMatmulReplaysInRecordedSteps) {
   const std::vector<float> first = random_values(static_cast<size_t>(tokens) * cols, 52), second = random_values(first.size(), 53);
   expect_same(
       [&](Backend& device) {
-        const backend::Weight weight = device.prepare_weight(f32_view(weights, rows, cols), WeightFormat::kF32);
+        const backend::Weight weight = device.prepare_weight(testing::f32_view(weights, rows, cols), WeightFormat::kF32);
         const Buffer input = device.allocate(first.size() * sizeof(float));
         const Buffer output = device.allocate(static_cast<size_t>(tokens) * rows * sizeof(float));
         std::vector<float> results;
@@ -406,8 +397,8 @@ TEST_F(VulkanOps, RouteExpertsAndExpertFeedForward) {
         chosen_ids.push_back(ids);
         std::vector<backend::Weight> gate_up_weights, down_weights;
         for (int e = 0; e < experts; ++e) {
-          gate_up_weights.push_back(device.prepare_weight(f32_view(gate_up[e], 2 * width, hidden), WeightFormat::kF32));
-          down_weights.push_back(device.prepare_weight(f32_view(down[e], hidden, width), WeightFormat::kF32));
+          gate_up_weights.push_back(device.prepare_weight(testing::f32_view(gate_up[e], 2 * width, hidden), WeightFormat::kF32));
+          down_weights.push_back(device.prepare_weight(testing::f32_view(down[e], hidden, width), WeightFormat::kF32));
         }
         const Buffer out = device.allocate(static_cast<size_t>(rows) * hidden * sizeof(float));
         device.expert_feed_forward(device.upload_constant(input), rows, chosen, weights,
