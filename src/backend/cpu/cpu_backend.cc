@@ -10,12 +10,11 @@ namespace gemma4rt::backend {
 namespace {
 
 constexpr int64_t kMatmulRowsPerTask = 16;
-// Decode steps (up to the batch tiles' 16 tokens) stream the weights: a thread steals the other's rows
-// in chunks of about this many weight bytes, a multiple of 48 rows (the batch kernels stage outputs 48
-// rows at a time).
+// Decode steps (up to kernels::kBatchMaxTokens tokens) stream the weights: a thread steals the other's
+// rows in chunks of about this many weight bytes, a multiple of 48 rows (the batch kernels stage outputs
+// 48 rows at a time).
 constexpr int64_t kStealChunkBytes = 64 * 1024;
 constexpr int64_t kStealChunkRows = 48;
-constexpr int kMaxStealingTokens = 16;
 // Below this many multiply-adds a matrix product runs on the calling thread: waking the pool costs more.
 constexpr int64_t kMinParallelMultiplyAdds = int64_t{1} << 16;
 
@@ -95,7 +94,7 @@ void CpuBackend::run_products(const kernels::PreparedActivations& input, std::sp
   if (steals_.size() < ids.size()) steals_.resize(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const PreparedWeight& weight = weights_[static_cast<size_t>(ids[i])];
-    const int64_t chunk = rows > kMaxStealingTokens ? weight.matrix.rows : steal_chunk_rows(weight);
+    const int64_t chunk = rows > kernels::kBatchMaxTokens ? weight.matrix.rows : steal_chunk_rows(weight);
     steals_[i].reset(weight.matrix.rows, kMatmulRowsPerTask, chunk, pool().size());
   }
   pool().run([&](int thread, int) {

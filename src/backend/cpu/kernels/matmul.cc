@@ -312,7 +312,7 @@ void PreparedActivations::convert_row(const float* source, int64_t t) {
 
 bool gate_up_fusable(int64_t tokens, const WeightMatrix& gate, const WeightMatrix& up) {
   return isa_at_least(active_isa(), Isa::kAvx512Bf16) && gate.format == WeightFormat::kBF16 && up.format == WeightFormat::kBF16 &&
-         up.cols == gate.cols && up.rows == gate.rows && tokens > detail::kBatchMaxTokens && gate.values != nullptr &&
+         up.cols == gate.cols && up.rows == gate.rows && tokens > kBatchMaxTokens && gate.values != nullptr &&
          up.values != nullptr;
 }
 

@@ -142,6 +142,10 @@ bool gate_up_fusable(int64_t tokens, const WeightMatrix& gate, const WeightMatri
 void gelu_gate_up(const PreparedActivations& x, const WeightMatrix& gate, const WeightMatrix& up, float* gate_sums,
                   float* up_sums, PreparedActivations& products, int64_t index_begin, int64_t index_end);
 
+// Products of up to this many tokens are a decode step's (the AVX-512 batch tiles, which stream the
+// weights); more take the prefill kernels (panels, L2-sized blocks).
+inline constexpr int kBatchMaxTokens = 16;
+
 // y[t * y_stride + r] = sum_k x[t, k] * W[r, k] for t < x.tokens() and r in [row_begin, row_end);
 // other elements of y are untouched. Single-threaded; callers split rows across threads. x must have
 // been prepared for w.format and w.cols (throws gemma4rt::Error otherwise).
@@ -166,9 +170,6 @@ struct MatmulOperands {
   int64_t y_stride;
   int64_t y_first_row = 0;      // the weight row whose output is y[0] (a kernel may stage outputs in its own buffer)
 };
-
-// Products of more tokens than this take the prefill kernels; up to this many, a decode step's tiles.
-inline constexpr int kBatchMaxTokens = 16;
 
 // gelu_gate_up's operands: bf16 activations and weights, its products' bf16 rows.
 struct GateUpOperands {
