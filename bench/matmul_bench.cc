@@ -209,12 +209,13 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
   set->rows = rows;
   set->cols = cols;
   const size_t elements = static_cast<size_t>(rows) * cols;
-  const size_t scale_count = static_cast<size_t>(rows) * q8_blocks_per_row(cols);
+  const size_t scale_count = format == WeightFormat::kQ8 ? static_cast<size_t>(q8_packed_scale_count(rows, cols))
+                                                         : static_cast<size_t>(rows) * q8_blocks_per_row(cols);
   set->bytes_per_copy = static_cast<size_t>(weight_bytes(rows, cols, format));
   const size_t value_bytes = format == WeightFormat::kQ4   ? static_cast<size_t>(rows * q4_row_bytes(cols))
                              : format == WeightFormat::kF32 ? elements * 4
                              : format == WeightFormat::kBF16 ? elements * 2
-                                                             : elements;
+                                                             : static_cast<size_t>(q8_packed_bytes(rows, cols));
   size_t copies = 1;
   if (cold && set->bytes_per_copy < kColdWorkingSet / 2) copies = (kColdWorkingSet + set->bytes_per_copy - 1) / set->bytes_per_copy;
   uint64_t seed = 12345;

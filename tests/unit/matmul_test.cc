@@ -60,7 +60,8 @@ struct TestWeights {
   std::vector<float> scales;
   std::vector<uint8_t> q4;
   std::vector<uint16_t> half_scales;
-  std::vector<uint8_t> q8_packed;  // what the kernels read (pack_q8)
+  std::vector<uint8_t> q8_packed;  // what the kernels read (pack_q8, pack_q8_scales)
+  std::vector<float> q8_packed_scales;
   std::vector<double> effective;  // [rows][cols]
 };
 
@@ -107,10 +108,12 @@ TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t
               static_cast<double>(weights.q8[r * cols + k]) * weights.scales[r * blocks + k / kQ8BlockValues];
         }
       }
-      weights.q8_packed.resize(static_cast<size_t>(rows * q8_packed_row_bytes(cols)));
-      pack_q8(weights.q8.data(), rows, cols, weights.q8_packed.data());
+      weights.q8_packed.resize(static_cast<size_t>(q8_packed_bytes(rows, cols)));
+      weights.q8_packed_scales.resize(static_cast<size_t>(q8_packed_scale_count(rows, cols)));
+      pack_q8(weights.q8.data(), 0, rows, cols, weights.q8_packed.data());
+      pack_q8_scales(weights.scales.data(), 0, rows, cols, weights.q8_packed_scales.data());
       weights.matrix.values = weights.q8_packed.data();
-      weights.matrix.block_scales = weights.scales.data();
+      weights.matrix.block_scales = weights.q8_packed_scales.data();
       break;
     }
     case WeightFormat::kQ4: {
@@ -601,10 +604,41 @@ TEST(Matmul, Q8PackIsTheDocumentedOne) {
   for (int64_t k = 0; k < cols; ++k) row[k] = static_cast<int8_t>(k % 255 - 127);
   std::vector<uint8_t> packed(static_cast<size_t>(q8_packed_row_bytes(cols)));
   ASSERT_EQ(packed.size(), 512u + 96u);
-  pack_q8(row.data(), 1, cols, packed.data());
+  pack_q8(row.data(), 0, 1, cols, packed.data());
   auto byte = [&](int64_t k) { return k < cols ? static_cast<int>(row[k]) + 128 : 128; };
   for (int j = 0; j < 512; ++j) EXPECT_EQ(packed[j], byte(32 * (j % 64 / 4) + 4 * (j / 64) + j % 4)) << "byte " << j;
   for (int j = 0; j < 96; ++j) EXPECT_EQ(packed[512 + j], byte(512 + 32 * (j % 12 / 4) + 4 * (j / 12) + j % 4)) << "byte " << 512 + j;
+}
+
+// Rows longer than a segment (2,048 packed bytes) written out by hand: 13 rows of 2,648 values (2,656
+// packed bytes: a segment of 2,048 and one of 608) are a block of 12 rows and one of a single row, each
+// holding its rows' first segments one after another, then their second ones. Block scales (one per 32
+// bytes) follow the same order.
+TEST(Matmul, Q8LongRowsAreSegmentMajor) {
+  const int64_t rows = 13, cols = 2048 + 600, row_bytes = 2656;
+  ASSERT_EQ(q8_packed_row_bytes(cols), row_bytes);
+  ASSERT_EQ(q8_packed_bytes(rows, cols), 24 * row_bytes);  // whole blocks of 12 rows
+  ASSERT_EQ(q8_packed_scale_count(rows, cols), 24 * row_bytes / 32);
+  std::vector<int8_t> values(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) values[i] = static_cast<int8_t>((i * 7) % 255 - 127);
+  std::vector<float> scales(static_cast<size_t>(rows * 83));
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<float>(i + 1);
+  std::vector<uint8_t> packed(static_cast<size_t>(q8_packed_bytes(rows, cols)), 0);
+  std::vector<float> packed_scales(static_cast<size_t>(q8_packed_scale_count(rows, cols)), 0.0f);
+  pack_q8(values.data(), 0, 5, cols, packed.data());  // in two calls, as load does it
+  pack_q8(values.data() + 5 * cols, 5, rows - 5, cols, packed.data());
+  pack_q8_scales(scales.data(), 0, rows, cols, packed_scales.data());
+  // Where packed byte p of row r is: the block's start, the segment's, the row's piece of it.
+  auto address = [](int64_t r, int64_t p) -> int64_t {
+    const int64_t block_start = r < 12 ? 0 : 12 * 2656, i = r % 12;
+    return p < 2048 ? block_start + 2048 * i + p : block_start + 12 * 2048 + 608 * i + (p - 2048);
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int> row(static_cast<size_t>(row_bytes), 128);  // the row as pack_q8 lays out one short row
+    for (int64_t k = 0; k < cols; ++k) row[q8_packed_offset(k, cols)] = values[r * cols + k] + 128;
+    for (int64_t p = 0; p < row_bytes; ++p) ASSERT_EQ(packed[address(r, p)], row[p]) << "row " << r << " byte " << p;
+    for (int64_t b = 0; b < 83; ++b) ASSERT_EQ(packed_scales[address(r, 32 * b) / 32], scales[r * 83 + b]) << "row " << r << " block " << b;
+  }
 }
 
 TEST(Matmul, Q4RoundTripWithinHalfAStep) {

@@ -30,14 +30,19 @@ PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, Threa
   // Conversions run row-parallel: a full-size checkpoint has billions of weights.
   constexpr int64_t kRowsPerTask = 64;
   if (format == WeightFormat::kQ8 && view.dtype == DType::kQ8) {  // a checkpoint written by `gemma4rt quantize`
-    // The kernels' layout (pack_q8) is a copy; the scales are read in place.
-    linear.owned_q8.resize(static_cast<size_t>(rows * kernels::q8_packed_row_bytes(cols)));
+    // The kernels' layout (pack_q8) is a copy; the scales are read in place unless the rows are
+    // segment-major (pack_q8_scales).
+    linear.owned_q8.resize(static_cast<size_t>(kernels::q8_packed_bytes(rows, cols)));
+    const bool segmented = kernels::q8_segmented(cols);
+    if (segmented) linear.owned_scales.resize(static_cast<size_t>(kernels::q8_packed_scale_count(rows, cols)));
     const auto* values = reinterpret_cast<const int8_t*>(view.data);
+    const int64_t blocks = q8_blocks_per_row(cols);
     pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
-      kernels::pack_q8(values + first * cols, last - first, cols, linear.owned_q8.data() + first * kernels::q8_packed_row_bytes(cols));
+      kernels::pack_q8(values + first * cols, first, last - first, cols, linear.owned_q8.data());
+      if (segmented) kernels::pack_q8_scales(view.q8_scales + first * blocks, first, last - first, cols, linear.owned_scales.data());
     });
     linear.matrix.values = linear.owned_q8.data();
-    linear.matrix.block_scales = view.q8_scales;
+    linear.matrix.block_scales = segmented ? linear.owned_scales.data() : view.q8_scales;
     return linear;
   }
   if (format == WeightFormat::kQ4 && view.dtype == DType::kQ4) {
@@ -61,16 +66,17 @@ PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, Threa
       linear.matrix.values = linear.owned_bf16.data();
       break;
     case WeightFormat::kQ8: {
-      const int64_t blocks = q8_blocks_per_row(cols), row_bytes = kernels::q8_packed_row_bytes(cols);
-      linear.owned_q8.resize(static_cast<size_t>(rows * row_bytes));
-      linear.owned_scales.resize(static_cast<size_t>(rows) * blocks);
+      const int64_t blocks = q8_blocks_per_row(cols);
+      linear.owned_q8.resize(static_cast<size_t>(kernels::q8_packed_bytes(rows, cols)));
+      linear.owned_scales.resize(static_cast<size_t>(kernels::q8_packed_scale_count(rows, cols)));
       pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
-        std::vector<float> row(static_cast<size_t>(cols));
+        std::vector<float> row(static_cast<size_t>(cols)), scales(static_cast<size_t>(blocks));
         std::vector<int8_t> values(static_cast<size_t>(cols));
         for (int64_t r = first; r < last; ++r) {
           view.read_floats(r * cols, cols, row.data());
-          kernels::quantize_q8(row.data(), 1, cols, values.data(), linear.owned_scales.data() + r * blocks);
-          kernels::pack_q8(values.data(), 1, cols, linear.owned_q8.data() + r * row_bytes);
+          kernels::quantize_q8(row.data(), 1, cols, values.data(), scales.data());
+          kernels::pack_q8(values.data(), r, 1, cols, linear.owned_q8.data());
+          kernels::pack_q8_scales(scales.data(), r, 1, cols, linear.owned_scales.data());
         }
       });
       linear.matrix.values = linear.owned_q8.data();

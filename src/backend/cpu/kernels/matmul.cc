@@ -1,9 +1,11 @@
 #include "backend/cpu/kernels/matmul.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/bf16.h"
 #include "core/error.h"
@@ -78,12 +80,10 @@ void matmul_blocks_scalar(const MatmulOperands& op, int64_t row_begin, int64_t r
 // The weight's byte holds w + 128 (pack_q8).
 void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   const auto* w = static_cast<const uint8_t*>(op.w);
-  const int64_t blocks = q8_blocks_per_row(op.cols);
-  const int64_t row_bytes = q8_packed_row_bytes(op.cols);
   matmul_blocks_scalar(
       op, row_begin, row_end,
-      [&](int64_t r, int64_t k) { return static_cast<int32_t>(w[r * row_bytes + q8_packed_offset(k, op.cols)]) - 128; },
-      [&](int64_t r, int64_t b) { return op.w_scales[r * blocks + b]; });
+      [&](int64_t r, int64_t k) { return static_cast<int32_t>(w[q8_packed_address(r, q8_packed_offset(k, op.cols), op.cols)]) - 128; },
+      [&](int64_t r, int64_t b) { return op.w_scales[q8_scale_index(r, b, op.cols)]; });
 }
 
 // The weight's nibble holds q + 8 (layout in core/formats.h).
@@ -205,12 +205,27 @@ void quantize_q4(const float* source, int64_t rows, int64_t cols, uint8_t* packe
   for (int64_t r = 0; r < rows; ++r) quantize_q4_row(source + r * cols, cols, packed + r * row_bytes, half_scales + r * blocks);
 }
 
-void pack_q8(const int8_t* values, int64_t rows, int64_t cols, uint8_t* packed) {
+void pack_q8(const int8_t* values, int64_t first_row, int64_t row_count, int64_t cols, uint8_t* packed) {
   const int64_t row_bytes = q8_packed_row_bytes(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* row = packed + r * row_bytes;
-    std::memset(row, 128, static_cast<size_t>(row_bytes));  // padding: value 0
-    for (int64_t k = 0; k < cols; ++k) row[q8_packed_offset(k, cols)] = static_cast<uint8_t>(values[r * cols + k] + 128);
+  std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
+  for (int64_t n = 0; n < row_count; ++n) {
+    std::fill(row.begin(), row.end(), uint8_t{128});  // padding: value 0
+    for (int64_t k = 0; k < cols; ++k) row[q8_packed_offset(k, cols)] = static_cast<uint8_t>(values[n * cols + k] + 128);
+    // Each segment's bytes are contiguous (the whole row, unless it is segment-major).
+    for (int64_t begin = 0; begin < row_bytes; begin += kQ8SegmentValues) {
+      const int64_t length = std::min(kQ8SegmentValues, row_bytes - begin);
+      std::memcpy(packed + q8_packed_address(first_row + n, begin, cols), row.data() + begin, static_cast<size_t>(length));
+    }
+  }
+}
+
+void pack_q8_scales(const float* block_scales, int64_t first_row, int64_t row_count, int64_t cols, float* packed_scales) {
+  const int64_t blocks = q8_blocks_per_row(cols), segment_blocks = kQ8SegmentValues / kQ8BlockValues;
+  for (int64_t n = 0; n < row_count; ++n) {
+    for (int64_t begin = 0; begin < blocks; begin += segment_blocks) {
+      std::memcpy(packed_scales + q8_scale_index(first_row + n, begin, cols), block_scales + n * blocks + begin,
+                  static_cast<size_t>(std::min(segment_blocks, blocks - begin)) * sizeof(float));
+    }
   }
 }
 

@@ -100,19 +100,21 @@ struct Q8Sign {
   static_assert(kQ8BlockValues == 32, "a step is one superblock of 16 blocks");
   static constexpr int kStep = 512, kTokens = 2, kRows = 2;
   static constexpr int64_t kWeightBits = 8;
-  struct Row { const uint8_t* codes; const float* scales; };
+  // A row's superblocks and scales are found through q8_packed_address (long rows are stored
+  // segment-major), superblock by superblock.
+  struct Row { const uint8_t* weights; const float* scales; int64_t r, cols; };
   struct Token { const std::byte* superblocks; };
   struct WVec { const uint8_t* codes; __m256 scales[2]; };
   using XVec = const std::byte*;
-  static Row row(const MatmulOperands& op, int64_t r) {
-    return {static_cast<const uint8_t*>(op.w) + r * q8_packed_row_bytes(op.cols), op.w_scales + r * q8_blocks_per_row(op.cols)};
-  }
+  static Row row(const MatmulOperands& op, int64_t r) { return {static_cast<const uint8_t*>(op.w), op.w_scales, r, op.cols}; }
+  static const uint8_t* codes(const Row& row, int64_t k) { return row.weights + q8_packed_address(row.r, k, row.cols); }
+  static const float* scales(const Row& row, int64_t k) { return row.scales + q8_scale_index(row.r, k / kQ8BlockValues, row.cols); }
   static Token token(const MatmulOperands& op, int64_t t) { return {op.x_superblocks + t * op.x_stride / 4 * 5}; }
   static void prefetch(const Row& row, int64_t k) {
-    for (int line = 0; line < 8; ++line) prefetch_ahead(row.codes + k + 64 * line);
+    for (int line = 0; line < 8; ++line) prefetch_ahead(codes(row, k) + 64 * line);
   }
   static WVec load_w(const Row& row, int64_t k) {
-    return {row.codes + k, {_mm256_loadu_ps(row.scales + k / kQ8BlockValues), _mm256_loadu_ps(row.scales + k / kQ8BlockValues + 8)}};
+    return {codes(row, k), {_mm256_loadu_ps(scales(row, k)), _mm256_loadu_ps(scales(row, k) + 8)}};
   }
   // A row's last superblock of fewer than 16 blocks, spread to the full layout (missing lanes 0 with
   // scale 0, against zero activations) in the next of a few per-thread buffers: a tile holds at most
@@ -124,10 +126,10 @@ struct Q8Sign {
     next = (next + 1) % (2 * kRows);
     const int64_t blocks = (count + kQ8BlockValues - 1) / kQ8BlockValues;
     std::memset(spread, 128, 512);
-    for (int c = 0; c < 8; ++c) std::memcpy(spread + 64 * c, row.codes + k + 4 * blocks * c, static_cast<size_t>(4 * blocks));
-    alignas(32) float scales[16] = {};
-    std::memcpy(scales, row.scales + k / kQ8BlockValues, static_cast<size_t>(blocks) * sizeof(float));
-    return {spread, {_mm256_load_ps(scales), _mm256_load_ps(scales + 8)}};
+    for (int c = 0; c < 8; ++c) std::memcpy(spread + 64 * c, codes(row, k) + 4 * blocks * c, static_cast<size_t>(4 * blocks));
+    alignas(32) float block_scales[16] = {};
+    std::memcpy(block_scales, scales(row, k), static_cast<size_t>(blocks) * sizeof(float));
+    return {spread, {_mm256_load_ps(block_scales), _mm256_load_ps(block_scales + 8)}};
   }
   static XVec load_x(const Token& token, int64_t k) { return token.superblocks + k / 4 * 5; }
   static __m256i load(const void* address) { return _mm256_load_si256(static_cast<const __m256i*>(address)); }
