@@ -184,6 +184,7 @@ constexpr size_t kColdWorkingSet = size_t{256} << 20;
 
 struct WeightSet {
   WeightFormat format;
+  QuantLayout layout;
   int64_t rows = 0, cols = 0;
   std::vector<Buffer> values, scales;
   std::vector<WeightMatrix> copies;
@@ -197,24 +198,28 @@ uint64_t next_random(uint64_t& state) {
 
 // One weight set is kept between calls of the same benchmark (Google Benchmark calls a function
 // several times while it settles the iteration count).
-const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool cold) {
+const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool cold, QuantLayout layout = QuantLayout::kSuperblocks) {
   static std::unique_ptr<WeightSet> cached;
-  if (cached && cached->format == format && cached->rows == rows && cached->cols == cols &&
+  if (cached && cached->format == format && cached->layout == layout && cached->rows == rows && cached->cols == cols &&
       (cached->copies.size() > 1) == (cold && cached->bytes_per_copy < kColdWorkingSet / 2)) {
     return *cached;
   }
   cached.reset();
   auto set = std::make_unique<WeightSet>();
   set->format = format;
+  set->layout = layout;
   set->rows = rows;
   set->cols = cols;
   const size_t elements = static_cast<size_t>(rows) * cols;
-  const size_t scale_count = format == WeightFormat::kQ8 ? static_cast<size_t>(q8_packed_scale_count(rows, cols))
-                                                         : static_cast<size_t>(rows) * q8_blocks_per_row(cols);
+  const bool panels = layout == QuantLayout::kPanels;
+  const size_t scale_count = panels                          ? static_cast<size_t>(panel_scale_count(rows, cols))
+                             : format == WeightFormat::kQ8 ? static_cast<size_t>(q8_packed_scale_count(rows, cols))
+                                                           : static_cast<size_t>(rows) * q8_blocks_per_row(cols);
   set->bytes_per_copy = static_cast<size_t>(weight_bytes(rows, cols, format));
-  const size_t value_bytes = format == WeightFormat::kQ4   ? static_cast<size_t>(rows * q4_row_bytes(cols))
+  const size_t value_bytes = format == WeightFormat::kQ4   ? static_cast<size_t>(panels ? q4_panel_bytes(rows, cols) : rows * q4_row_bytes(cols))
                              : format == WeightFormat::kF32 ? elements * 4
                              : format == WeightFormat::kBF16 ? elements * 2
+                             : panels                        ? static_cast<size_t>(q8_panel_bytes(rows, cols))
                                                              : static_cast<size_t>(q8_packed_bytes(rows, cols));
   size_t copies = 1;
   if (cold && set->bytes_per_copy < kColdWorkingSet / 2) copies = (kColdWorkingSet + set->bytes_per_copy - 1) / set->bytes_per_copy;
@@ -223,6 +228,7 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
     Buffer values = allocate(value_bytes);
     Buffer scales;
     WeightMatrix matrix{format, rows, cols, values.data(), nullptr};
+    matrix.layout = layout;
     switch (format) {
       case WeightFormat::kF32: {
         auto* data = reinterpret_cast<float*>(values.data());
@@ -237,7 +243,7 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
       }
       case WeightFormat::kQ8: {
         auto* data = reinterpret_cast<int8_t*>(values.data());
-        for (size_t i = 0; i < elements; ++i) data[i] = static_cast<int8_t>(static_cast<int>(next_random(seed) % 255) - 127);
+        for (size_t i = 0; i < value_bytes; ++i) data[i] = static_cast<int8_t>(static_cast<int>(next_random(seed) % 255) - 127);
         scales = allocate(scale_count * sizeof(float));
         auto* scale = reinterpret_cast<float*>(scales.data());
         for (size_t i = 0; i < scale_count; ++i) scale[i] = 1e-3f * static_cast<float>(1 + next_random(seed) % 16);
@@ -262,17 +268,20 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
   return *cached;
 }
 
-const char* format_label(WeightFormat format) {
-  return format_name(format);
-}
-
 struct MatmulCase {
   WeightFormat format;
   Isa isa;
   int64_t rows, cols, tokens;
   int threads;
   bool decode;
+  QuantLayout layout = QuantLayout::kSuperblocks;  // q8, q4: panels are what load gives the AVX-512 kernels
 };
+
+bool has_panels(WeightFormat format) { return format == WeightFormat::kQ8 || format == WeightFormat::kQ4; }
+
+std::string format_label(WeightFormat format, QuantLayout layout = QuantLayout::kSuperblocks) {
+  return std::string(format_name(format)) + (layout == QuantLayout::kPanels ? "-panels" : "");
+}
 
 // One product over the case's threads, each taking an equal share of the rows (a multiple of 16).
 void run_product(const MatmulCase& c, const PreparedActivations& prepared, const WeightMatrix& matrix, float* y) {
@@ -294,7 +303,7 @@ void RunMatmul(benchmark::State& state, MatmulCase c) {
   if (c.isa > detected_isa()) return state.SkipWithError("this CPU cannot run that instruction set");
   const Isa saved = active_isa();
   set_active_isa(c.isa);
-  const WeightSet& set = weights(c.format, c.rows, c.cols, c.decode);
+  const WeightSet& set = weights(c.format, c.rows, c.cols, c.decode, c.layout);
   const std::vector<float> x = random_activations(c.tokens, c.cols);
   PreparedActivations prepared;
   prepared.prepare(x.data(), c.tokens, c.cols, c.format);
@@ -329,7 +338,7 @@ void RunBatchCost(benchmark::State& state, MatmulCase c) {
   if (c.isa > detected_isa()) return state.SkipWithError("this CPU cannot run that instruction set");
   const Isa saved = active_isa();
   set_active_isa(c.isa);
-  const WeightSet& set = weights(c.format, c.rows, c.cols, true);
+  const WeightSet& set = weights(c.format, c.rows, c.cols, true, c.layout);
   MatmulCase one = c;
   one.tokens = 1;
   const std::vector<float> x = random_activations(c.tokens, c.cols);
@@ -414,7 +423,7 @@ struct Shape {
 };
 
 std::string case_name(const char* kind, const MatmulCase& c) {
-  return std::string(kind) + "/" + format_label(c.format) + "/" + isa_name(c.isa) + "/" + std::to_string(c.rows) + "x" +
+  return std::string(kind) + "/" + format_label(c.format, c.layout) + "/" + isa_name(c.isa) + "/" + std::to_string(c.rows) + "x" +
          std::to_string(c.cols) + "/tokens:" + std::to_string(c.tokens) + "/threads:" + std::to_string(c.threads);
 }
 
@@ -441,6 +450,9 @@ const bool kRegistered = [] {
       for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
         for (int64_t tokens : {1, 2, 4, 8, 16}) {
           add_matmul("Decode", {format, detected_isa(), shape.rows, shape.cols, tokens, threads, true});
+          if (has_panels(format)) {
+            add_matmul("Decode", {format, detected_isa(), shape.rows, shape.cols, tokens, threads, true, QuantLayout::kPanels});
+          }
         }
       }
     }
@@ -456,14 +468,20 @@ const bool kRegistered = [] {
     for (const Shape& shape : kDecodeShapes) {
       for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
         for (int64_t tokens : {4, 8, 16}) {
-          const MatmulCase c{format, detected_isa(), shape.rows, shape.cols, tokens, threads, true};
-          benchmark::RegisterBenchmark(case_name("BatchCost", c).c_str(), RunBatchCost, c)->UseRealTime()->Unit(benchmark::kMicrosecond);
+          for (QuantLayout layout : {QuantLayout::kSuperblocks, QuantLayout::kPanels}) {
+            if (layout == QuantLayout::kPanels && !has_panels(format)) continue;
+            const MatmulCase c{format, detected_isa(), shape.rows, shape.cols, tokens, threads, true, layout};
+            benchmark::RegisterBenchmark(case_name("BatchCost", c).c_str(), RunBatchCost, c)->UseRealTime()->Unit(benchmark::kMicrosecond);
+          }
         }
       }
     }
     for (const Shape& shape : kWarmShapes) {
       for (WeightFormat format : {WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
-        for (int64_t tokens : {1, 4, 8, 16}) add_matmul("Warm", {format, detected_isa(), shape.rows, shape.cols, tokens, threads, false});
+        for (int64_t tokens : {1, 4, 8, 16}) {
+          add_matmul("Warm", {format, detected_isa(), shape.rows, shape.cols, tokens, threads, false});
+          if (has_panels(format)) add_matmul("Warm", {format, detected_isa(), shape.rows, shape.cols, tokens, threads, false, QuantLayout::kPanels});
+        }
       }
     }
     for (const Shape& shape : kPrefillShapes) {
@@ -478,6 +496,7 @@ const bool kRegistered = [] {
         if (format != WeightFormat::kBF16 && isa == Isa::kAvx512Bf16) continue;
         if (format == WeightFormat::kBF16 && isa == detected_isa()) continue;  // ran above
         add_matmul("Prefill", {format, isa, 6144, 1536, 512, threads, false});
+        if (has_panels(format) && isa >= Isa::kAvx512) add_matmul("Prefill", {format, isa, 6144, 1536, 512, threads, false, QuantLayout::kPanels});
       }
     }
   }

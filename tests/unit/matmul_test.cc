@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -62,6 +63,8 @@ struct TestWeights {
   std::vector<uint16_t> half_scales;
   std::vector<uint8_t> q8_packed;  // what the kernels read (pack_q8, pack_q8_scales)
   std::vector<float> q8_packed_scales;
+  std::vector<uint8_t> q4_panels;  // pack_q4_panels
+  std::vector<uint16_t> q4_panel_scales;
   std::vector<double> effective;  // [rows][cols]
 };
 
@@ -77,7 +80,19 @@ double q4_value(const TestWeights& weights, int64_t r, int64_t k) {
   return static_cast<double>(code - 8) * f16_to_float(weights.half_scales[r * q4_blocks_per_row(cols) + k / 32]);
 }
 
-TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t cols, WeightFormat format) {
+// A weight format and, for q8 and q4, the layout its kernels read (superblocks everywhere, panels where
+// the AVX-512 kernels run; below AVX-512, panels take the scalar path).
+struct WeightKind {
+  WeightKind(WeightFormat format, QuantLayout layout = QuantLayout::kSuperblocks) : format(format), layout(layout) {}
+  WeightFormat format;
+  QuantLayout layout;
+};
+std::string kind_name(const WeightKind& kind) {
+  return std::string(format_name(kind.format)) + (kind.layout == QuantLayout::kPanels ? " panels" : "");
+}
+
+TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t cols, WeightKind kind) {
+  const WeightFormat format = kind.format;
   TestWeights weights;
   weights.matrix.format = format;
   weights.matrix.rows = rows;
@@ -108,10 +123,22 @@ TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t
               static_cast<double>(weights.q8[r * cols + k]) * weights.scales[r * blocks + k / kQ8BlockValues];
         }
       }
-      weights.q8_packed.resize(static_cast<size_t>(q8_packed_bytes(rows, cols)));
-      weights.q8_packed_scales.resize(static_cast<size_t>(q8_packed_scale_count(rows, cols)));
-      pack_q8(weights.q8.data(), 0, rows, cols, weights.q8_packed.data());
-      pack_q8_scales(weights.scales.data(), 0, rows, cols, weights.q8_packed_scales.data());
+      if (kind.layout == QuantLayout::kPanels) {
+        weights.q8_packed.resize(static_cast<size_t>(q8_panel_bytes(rows, cols)));
+        weights.q8_packed_scales.resize(static_cast<size_t>(panel_scale_count(rows, cols)));
+        // In two calls, as load's tasks do it.
+        const int64_t split = rows / 2;
+        pack_q8_panels(weights.q8.data(), weights.scales.data(), 0, split, rows, cols, weights.q8_packed.data(),
+                       weights.q8_packed_scales.data());
+        pack_q8_panels(weights.q8.data() + split * cols, weights.scales.data() + split * blocks, split, rows - split, rows, cols,
+                       weights.q8_packed.data(), weights.q8_packed_scales.data());
+        weights.matrix.layout = QuantLayout::kPanels;
+      } else {
+        weights.q8_packed.resize(static_cast<size_t>(q8_packed_bytes(rows, cols)));
+        weights.q8_packed_scales.resize(static_cast<size_t>(q8_packed_scale_count(rows, cols)));
+        pack_q8(weights.q8.data(), 0, rows, cols, weights.q8_packed.data());
+        pack_q8_scales(weights.scales.data(), 0, rows, cols, weights.q8_packed_scales.data());
+      }
       weights.matrix.values = weights.q8_packed.data();
       weights.matrix.block_scales = weights.q8_packed_scales.data();
       break;
@@ -125,6 +152,18 @@ TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t
       }
       weights.matrix.values = weights.q4.data();
       weights.matrix.half_scales = weights.half_scales.data();
+      if (kind.layout == QuantLayout::kPanels) {
+        weights.q4_panels.resize(static_cast<size_t>(q4_panel_bytes(rows, cols)));
+        weights.q4_panel_scales.resize(static_cast<size_t>(panel_scale_count(rows, cols)));
+        const int64_t split = rows / 2, blocks = q4_blocks_per_row(cols);
+        pack_q4_panels(weights.q4.data(), weights.half_scales.data(), 0, split, rows, cols, weights.q4_panels.data(),
+                       weights.q4_panel_scales.data());
+        pack_q4_panels(weights.q4.data() + split * q4_row_bytes(cols), weights.half_scales.data() + split * blocks, split,
+                       rows - split, rows, cols, weights.q4_panels.data(), weights.q4_panel_scales.data());
+        weights.matrix.values = weights.q4_panels.data();
+        weights.matrix.half_scales = weights.q4_panel_scales.data();
+        weights.matrix.layout = QuantLayout::kPanels;
+      }
       break;
     }
   }
@@ -187,11 +226,12 @@ constexpr float kSentinel = -12345.5f;
 
 // Runs one matmul over [row_begin, row_end) at the active level and checks every output against the
 // double reference and every element outside the range against the sentinel.
-void check_matmul(std::mt19937& rng, int64_t tokens, int64_t rows, int64_t cols, WeightFormat format) {
-  SCOPED_TRACE(testing::Message() << isa_name(active_isa()) << " " << format_name(format) << " tokens " << tokens
+void check_matmul(std::mt19937& rng, int64_t tokens, int64_t rows, int64_t cols, WeightKind kind) {
+  const WeightFormat format = kind.format;
+  SCOPED_TRACE(testing::Message() << isa_name(active_isa()) << " " << kind_name(kind) << " tokens " << tokens
                                   << " rows " << rows << " cols " << cols);
   const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
-  const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols), 0.05f), rows, cols, format);
+  const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols), 0.05f), rows, cols, kind);
   PreparedActivations prepared;
   prepared.prepare(x.data(), tokens, cols, format);
   expect_prepared_matches_scalar(x, tokens, cols, prepared);
@@ -230,18 +270,19 @@ struct Shape {
 const Shape kShapes[] = {{1, 1}, {5, 7}, {3, 31}, {13, 32}, {6, 33}, {9, 63}, {7, 64}, {11, 65},
                          {4, 100}, {17, 129}, {10, 200}, {23, 257}, {5, 1000}};
 const int64_t kTokenCounts[] = {1, 2, 3, 7, 12, 16, 64, 130};  // 2-16: a decode step of that many sequences
-const WeightFormat kFormats[] = {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4};
+const WeightKind kKinds[] = {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, {WeightFormat::kQ8, QuantLayout::kPanels},
+                             WeightFormat::kQ4,  {WeightFormat::kQ4, QuantLayout::kPanels}};
 
 TEST(Matmul, MatchesDoubleReferenceOnEveryPath) {
   IsaGuard guard;
   std::mt19937 rng(1234);
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
-    for (WeightFormat format : kFormats) {
+    for (const WeightKind& kind : kKinds) {
       for (int64_t tokens : kTokenCounts) {
         for (const Shape& shape : kShapes) {
           if (tokens * shape.rows * shape.cols > 2'000'000) continue;
-          check_matmul(rng, tokens, shape.rows, shape.cols, format);
+          check_matmul(rng, tokens, shape.rows, shape.cols, kind);
           if (HasFatalFailure()) return;
         }
       }
@@ -254,13 +295,13 @@ TEST(Matmul, LongRowsStayWithinTolerance) {
   std::mt19937 rng(99);
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
-    for (WeightFormat format : kFormats) {
-      check_matmul(rng, 7, 37, 6144 + 13, format);  // decode cuts these rows into K chunks
-      check_matmul(rng, 16, 11, 6144 + 13, format);  // two token tiles over K chunks
-      check_matmul(rng, 21, 13, 6144 + 13, format);  // prefill tiles over long rows
-      check_matmul(rng, 37, 150, 1536 + 3, format);  // bf16 prefill panels: two blocks of rows, an odd K
-      check_matmul(rng, 1, 19, 12288 + 5, format);
-      check_matmul(rng, 1, 70, 1536, format);
+    for (const WeightKind& kind : kKinds) {
+      check_matmul(rng, 7, 37, 6144 + 13, kind);  // decode cuts these rows into K chunks
+      check_matmul(rng, 16, 11, 6144 + 13, kind);  // two token tiles over K chunks
+      check_matmul(rng, 21, 13, 6144 + 13, kind);  // prefill tiles over long rows
+      check_matmul(rng, 37, 150, 1536 + 3, kind);  // bf16 prefill panels: two blocks of rows, an odd K
+      check_matmul(rng, 1, 19, 12288 + 5, kind);
+      check_matmul(rng, 1, 70, 1536, kind);
       if (HasFatalFailure()) return;
     }
   }
@@ -273,16 +314,17 @@ TEST(Matmul, RowSplitsGiveBitwiseIdenticalResults) {
   std::mt19937 rng(7);
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
-    for (WeightFormat format : kFormats) {
+    for (const WeightKind& kind : kKinds) {
+      const WeightFormat format = kind.format;
       // cols 161: every row at once; cols 4133: long rows cut into K chunks (f32 and bf16 from 5 tokens,
       // q8 and q4, whose chunks are longer, at 16; 24 tokens: prefill tiles over the whole of K).
       for (const auto& [tokens, cols] : {std::pair<int64_t, int64_t>{1, 161}, {5, 161}, {8, 161}, {13, 161},
                                         {5, 4133}, {8, 4133}, {16, 4133}, {24, 4133}}) {
-        SCOPED_TRACE(testing::Message() << isa_name(level) << " " << format_name(format) << " tokens " << tokens
+        SCOPED_TRACE(testing::Message() << isa_name(level) << " " << kind_name(kind) << " tokens " << tokens
                                         << " cols " << cols);
         const int64_t rows = 203;
         const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
-        const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, format);
+        const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, kind);
         PreparedActivations prepared;
         prepared.prepare(x.data(), tokens, cols, format);
         std::vector<float> whole(static_cast<size_t>(tokens * rows));
@@ -363,12 +405,13 @@ TEST(Matmul, EachTokenOfABatchGetsTheBitsItGetsAlone) {
   std::mt19937 rng(17);
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
-    for (WeightFormat format : kFormats) {
+    for (const WeightKind& kind : kKinds) {
+      const WeightFormat format = kind.format;
       for (const int64_t cols : {int64_t{161}, int64_t{1536}, int64_t{12288 + 5}}) {
         const int64_t rows = 29;
-        const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, format);
+        const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, kind);
         for (const int64_t tokens : {2, 3, 5, 8, 11, 16}) {
-          SCOPED_TRACE(testing::Message() << isa_name(level) << " " << format_name(format) << " tokens " << tokens
+          SCOPED_TRACE(testing::Message() << isa_name(level) << " " << kind_name(kind) << " tokens " << tokens
                                           << " cols " << cols);
           const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
           PreparedActivations prepared;
@@ -439,21 +482,29 @@ TEST(Matmul, AllZeroBlocksGiveZerosNotNan) {
   std::fill(x.begin() + cols + 64, x.begin() + 2 * cols, 0.0f);  // token 1's last block zero
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
-    const TestWeights q8 = make_weights(weights, rows, cols, WeightFormat::kQ8);
-    EXPECT_EQ(q8.scales[0], 0.0f);
-    EXPECT_EQ(q8.scales[2 * 3 + 1], 0.0f);
-    for (int64_t k = 0; k < cols; ++k) EXPECT_EQ(q8.q8[k], 0);
-    PreparedActivations prepared;
-    prepared.prepare(x.data(), tokens, cols, WeightFormat::kQ8);
-    EXPECT_EQ(prepared.q8_scales()[0], 0.0f);
-    std::vector<float> y(static_cast<size_t>(tokens * rows), kSentinel);
-    matmul(prepared, q8.matrix, y.data(), rows, 0, rows);
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const float value = y[t * rows + r];
-        EXPECT_TRUE(std::isfinite(value)) << isa_name(level) << " t " << t << " r " << r;
-        if (t == 0 || r == 0) {
-          EXPECT_EQ(value, 0.0f) << isa_name(level) << " t " << t << " r " << r;
+    for (const WeightKind kind : {WeightKind{WeightFormat::kQ8}, WeightKind{WeightFormat::kQ8, QuantLayout::kPanels},
+                                  WeightKind{WeightFormat::kQ4}, WeightKind{WeightFormat::kQ4, QuantLayout::kPanels}}) {
+      const TestWeights weights_here = make_weights(weights, rows, cols, kind);
+      if (kind.format == WeightFormat::kQ8) {
+        EXPECT_EQ(weights_here.scales[0], 0.0f);
+        EXPECT_EQ(weights_here.scales[2 * 3 + 1], 0.0f);
+        for (int64_t k = 0; k < cols; ++k) EXPECT_EQ(weights_here.q8[k], 0);
+      } else {
+        EXPECT_EQ(weights_here.half_scales[0], 0);
+        EXPECT_EQ(weights_here.half_scales[2 * 3 + 1], 0);
+      }
+      PreparedActivations prepared;
+      prepared.prepare(x.data(), tokens, cols, kind.format);
+      EXPECT_EQ(prepared.q8_scales()[0], 0.0f);
+      std::vector<float> y(static_cast<size_t>(tokens * rows), kSentinel);
+      matmul(prepared, weights_here.matrix, y.data(), rows, 0, rows);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float value = y[t * rows + r];
+          EXPECT_TRUE(std::isfinite(value)) << isa_name(level) << " " << kind_name(kind) << " t " << t << " r " << r;
+          if (t == 0 || r == 0) {
+            EXPECT_EQ(value, 0.0f) << isa_name(level) << " " << kind_name(kind) << " t " << t << " r " << r;
+          }
         }
       }
     }
@@ -474,15 +525,18 @@ TEST(Matmul, Q4LargestProductsDoNotWrap) {
     for (int64_t t = 0; t < tokens; ++t) std::fill(x.begin() + t * cols, x.begin() + (t + 1) * cols, t % 2 == 0 ? 1.0f : -1.0f);
     for (Isa level : runnable_levels()) {
       set_active_isa(level);
-      const TestWeights q4 = make_weights(weights, rows, cols, WeightFormat::kQ4);
-      PreparedActivations prepared;
-      prepared.prepare(x.data(), tokens, cols, WeightFormat::kQ4);
-      std::vector<float> y(static_cast<size_t>(tokens * rows), kSentinel);
-      matmul(prepared, q4.matrix, y.data(), rows, 0, rows);
-      for (int64_t t = 0; t < tokens; ++t) {
-        const double expected = (t % 2 == 0 ? 1.0 : -1.0) * block_sum * (cols / kQ4BlockValues);
-        for (int64_t r = 0; r < rows; ++r) {
-          EXPECT_NEAR(y[t * rows + r], expected, 1e-5 * std::fabs(expected)) << isa_name(level) << " tokens " << tokens << " t " << t << " r " << r;
+      for (QuantLayout layout : {QuantLayout::kSuperblocks, QuantLayout::kPanels}) {
+        const TestWeights q4 = make_weights(weights, rows, cols, {WeightFormat::kQ4, layout});
+        PreparedActivations prepared;
+        prepared.prepare(x.data(), tokens, cols, WeightFormat::kQ4);
+        std::vector<float> y(static_cast<size_t>(tokens * rows), kSentinel);
+        matmul(prepared, q4.matrix, y.data(), rows, 0, rows);
+        for (int64_t t = 0; t < tokens; ++t) {
+          const double expected = (t % 2 == 0 ? 1.0 : -1.0) * block_sum * (cols / kQ4BlockValues);
+          for (int64_t r = 0; r < rows; ++r) {
+            EXPECT_NEAR(y[t * rows + r], expected, 1e-5 * std::fabs(expected))
+                << isa_name(level) << " " << kind_name({WeightFormat::kQ4, layout}) << " tokens " << tokens << " t " << t << " r " << r;
+          }
         }
       }
     }
@@ -608,6 +662,87 @@ TEST(Matmul, Q8PackIsTheDocumentedOne) {
   auto byte = [&](int64_t k) { return k < cols ? static_cast<int>(row[k]) + 128 : 128; };
   for (int j = 0; j < 512; ++j) EXPECT_EQ(packed[j], byte(32 * (j % 64 / 4) + 4 * (j / 64) + j % 4)) << "byte " << j;
   for (int j = 0; j < 96; ++j) EXPECT_EQ(packed[512 + j], byte(512 + 32 * (j % 12 / 4) + 4 * (j / 12) + j % 4)) << "byte " << 512 + j;
+}
+
+// Panels written out by hand: 18 rows of 40 values are two panels of 16 rows (the second holding rows
+// 16 and 17, then 14 padding rows) over two blocks (40 values padded to 64), 16 x 64 bytes each. Byte
+// 64 c + 4 i + j of a panel holds value 4 c + j of its row i, + 128; scales come 16 per block.
+TEST(Matmul, Q8PanelsAreTheDocumentedOnes) {
+  const int64_t rows = 18, cols = 40;
+  ASSERT_EQ(q8_panel_bytes(rows, cols), 2 * 1024);
+  ASSERT_EQ(panel_scale_count(rows, cols), 2 * 2 * 16);
+  std::vector<int8_t> values(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) values[i] = static_cast<int8_t>((i * 7) % 255 - 127);
+  std::vector<float> scales(static_cast<size_t>(rows * 2));
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<float>(i + 1);
+  std::vector<uint8_t> packed(2 * 1024, 7);  // 7 and -1: whatever was there before must be overwritten
+  std::vector<float> packed_scales(64, -1.0f);
+  pack_q8_panels(values.data(), scales.data(), 0, 17, rows, cols, packed.data(), packed_scales.data());
+  pack_q8_panels(values.data() + 17 * cols, scales.data() + 17 * 2, 17, 1, rows, cols, packed.data(), packed_scales.data());
+  EXPECT_EQ(packed[0], values[0] + 128);                  // row 0, value 0
+  EXPECT_EQ(packed[64 + 4 * 3 + 2], values[3 * cols + 6] + 128);  // row 3, value 6
+  EXPECT_EQ(packed[1024 + 64 * 9 + 4 * 1 + 3], values[17 * cols + 39] + 128);  // row 17, value 39
+  EXPECT_EQ(packed[1024 + 64 * 10 + 4 * 1], 128);        // row 17, value 40: padding
+  for (int64_t panel = 0; panel < 2; ++panel) {
+    for (int64_t c = 0; c < 16; ++c) {
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t r = 16 * panel + i;
+        for (int64_t j = 0; j < 4; ++j) {
+          const int64_t k = 4 * c + j;
+          const int expected = r < rows && k < cols ? values[r * cols + k] + 128 : 128;
+          ASSERT_EQ(packed[1024 * panel + 64 * c + 4 * i + j], expected) << "row " << r << " value " << k;
+        }
+      }
+      if (c >= 2) continue;
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t r = 16 * panel + i;
+        ASSERT_EQ(packed_scales[32 * panel + 16 * c + i], r < rows ? scales[r * 2 + c] : 0.0f) << "row " << r << " block " << c;
+      }
+    }
+  }
+}
+
+// q4 panels written out by hand: 18 rows of 40 values (two blocks, the second padded with q = 0) are two
+// panels of 16 rows, 16 x 16 bytes per block. Byte 64 c + 4 i + j of a panel's block holds values
+// 8 c + j (low nibble) and 8 c + 4 + j (high) of its row i, as q + 8; f16 scales come 16 per block.
+TEST(Matmul, Q4PanelsAreTheDocumentedOnes) {
+  const int64_t rows = 18, cols = 40;
+  ASSERT_EQ(q4_panel_bytes(rows, cols), 2 * 512);
+  ASSERT_EQ(panel_scale_count(rows, cols), 2 * 2 * 16);
+  std::vector<float> source(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) source[i] = static_cast<float>((i * 5) % 16 - 8);  // q = the value, scale 1
+  for (int64_t r = 0; r < rows; ++r) source[r * cols + 32] = -8.0f;  // each block's largest magnitude, -8: scale 1
+  for (int64_t r = 0; r < rows; ++r) source[r * cols] = -8.0f;
+  std::vector<uint8_t> nibbles(static_cast<size_t>(rows * q4_row_bytes(cols)));
+  std::vector<uint16_t> scales(static_cast<size_t>(rows * 2));
+  quantize_q4(source.data(), rows, cols, nibbles.data(), scales.data());
+  ASSERT_EQ(f16_to_float(scales[0]), 1.0f);
+  std::vector<uint8_t> packed(2 * 512, 7);  // whatever was there before must be overwritten
+  std::vector<uint16_t> packed_scales(64, 0xffff);
+  pack_q4_panels(nibbles.data(), scales.data(), 0, 17, rows, cols, packed.data(), packed_scales.data());
+  pack_q4_panels(nibbles.data() + 17 * q4_row_bytes(cols), scales.data() + 17 * 2, 17, 1, rows, cols, packed.data(),
+                 packed_scales.data());
+  auto code = [&](int64_t r, int64_t k) { return r < rows && k < cols ? static_cast<int>(source[r * cols + k]) + 8 : 8; };
+  EXPECT_EQ(packed[0], code(0, 0) | code(0, 4) << 4);                          // row 0, values 0 and 4
+  EXPECT_EQ(packed[64 + 4 * 3 + 2], code(3, 10) | code(3, 14) << 4);           // row 3, values 10 and 14
+  EXPECT_EQ(packed[512 + 256 + 4 * 1 + 3], code(17, 35) | code(17, 39) << 4);  // row 17, values 35 and 39
+  EXPECT_EQ(packed[512 + 256 + 64 + 4 * 1], 0x88);                             // row 17, values 40 and 44: padding
+  for (int64_t panel = 0; panel < 2; ++panel) {
+    for (int64_t c = 0; c < 8; ++c) {
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t r = 16 * panel + i;
+        for (int64_t j = 0; j < 4; ++j) {
+          ASSERT_EQ(packed[512 * panel + 64 * c + 4 * i + j], code(r, 8 * c + j) | code(r, 8 * c + 4 + j) << 4)
+              << "row " << r << " values " << 8 * c + j;
+        }
+      }
+      if (c >= 2) continue;
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t r = 16 * panel + i;
+        ASSERT_EQ(packed_scales[32 * panel + 16 * c + i], r < rows ? scales[r * 2 + c] : 0) << "row " << r << " block " << c;
+      }
+    }
+  }
 }
 
 // Rows longer than a segment (2,048 packed bytes) written out by hand: 13 rows of 2,648 values (2,656

@@ -1,5 +1,5 @@
 // The default backend: the SIMD kernels (AVX-512 BF16/VNNI, AVX2 or scalar, chosen at run time) over
-// weights in f32, bf16 or q8 (bf16 and f32 used in place from the memory map), a bf16 KV cache by
+// weights in f32, bf16, q8 or q4 (bf16 and f32 used in place from the memory map), a bf16 KV cache by
 // default, and the matrix work spread over the host backend's thread pool.
 #pragma once
 

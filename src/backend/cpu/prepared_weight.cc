@@ -6,11 +6,57 @@
 
 #include <fmt/format.h>
 
+#include "backend/host/isa.h"
 #include "core/error.h"
 
 namespace gemma4rt::backend {
+namespace {
+
+// Conversions run row-parallel: a full-size checkpoint has billions of weights. Tasks of whole panels
+// (kernels::pack_*_panels), so no two write the same 64-byte vectors.
+constexpr int64_t kRowsPerTask = 64;
+static_assert(kRowsPerTask % kernels::kQuantPanelRows == 0);
+
+// Where the AVX-512 kernels run, q8 and q4 are stored in panels (matmul.h; one token's product 20-30%
+// faster, a step of 8 sequences 20-30%: docs/benchmarks.md); below that, in the superblocks the AVX2
+// kernels read.
+bool panels_here() { return static_cast<int>(kernels::active_isa()) >= static_cast<int>(kernels::Isa::kAvx512); }
+
+// Moves row-major q4 (in place from the map, or owned) into panels this weight owns.
+void move_q4_to_panels(PreparedWeight& linear, ThreadPool& pool) {
+  const int64_t rows = linear.matrix.rows, cols = linear.matrix.cols;
+  const int64_t blocks = q4_blocks_per_row(cols), row_bytes = q4_row_bytes(cols);
+  const auto* nibbles = static_cast<const uint8_t*>(linear.matrix.values);
+  const uint16_t* half_scales = linear.matrix.half_scales;
+  WeightBuffer<uint8_t> packed;
+  WeightBuffer<uint16_t> packed_scales;
+  packed.resize(static_cast<size_t>(kernels::q4_panel_bytes(rows, cols)));
+  packed_scales.resize(static_cast<size_t>(kernels::panel_scale_count(rows, cols)));
+  pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
+    kernels::pack_q4_panels(nibbles + first * row_bytes, half_scales + first * blocks, first, last - first, rows, cols,
+                            packed.data(), packed_scales.data());
+  });
+  linear.owned_q4 = std::move(packed);
+  linear.owned_half_scales = std::move(packed_scales);
+  linear.matrix.values = linear.owned_q4.data();
+  linear.matrix.half_scales = linear.owned_half_scales.data();
+  linear.matrix.layout = kernels::QuantLayout::kPanels;
+}
+
+PreparedWeight prepare_rows(const TensorView& view, WeightFormat format, ThreadPool& pool);
+
+}  // namespace
 
 PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, ThreadPool& pool) {
+  PreparedWeight linear = prepare_rows(view, format, pool);
+  if (format == WeightFormat::kQ4 && panels_here()) move_q4_to_panels(linear, pool);
+  return linear;
+}
+
+namespace {
+
+// The weight in the row-major layouts (q8: panels already where they apply).
+PreparedWeight prepare_rows(const TensorView& view, WeightFormat format, ThreadPool& pool) {
   PreparedWeight linear;
   const int64_t rows = view.shape.at(0);
   const int64_t cols = view.element_count() / rows;
@@ -27,8 +73,30 @@ PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, Threa
     linear.matrix.values = view.data;
     return linear;
   }
-  // Conversions run row-parallel: a full-size checkpoint has billions of weights.
-  constexpr int64_t kRowsPerTask = 64;
+  if (format == WeightFormat::kQ8 && panels_here()) {
+    const int64_t blocks = q8_blocks_per_row(cols);
+    linear.owned_q8.resize(static_cast<size_t>(kernels::q8_panel_bytes(rows, cols)));
+    linear.owned_scales.resize(static_cast<size_t>(kernels::panel_scale_count(rows, cols)));
+    const bool stored_q8 = view.dtype == DType::kQ8;  // a checkpoint written by `gemma4rt quantize`
+    pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
+      if (stored_q8) {
+        kernels::pack_q8_panels(reinterpret_cast<const int8_t*>(view.data) + first * cols, view.q8_scales + first * blocks, first,
+                                last - first, rows, cols, linear.owned_q8.data(), linear.owned_scales.data());
+        return;
+      }
+      std::vector<float> row(static_cast<size_t>(cols)), scales(static_cast<size_t>(blocks));
+      std::vector<int8_t> values(static_cast<size_t>(cols));
+      for (int64_t r = first; r < last; ++r) {
+        view.read_floats(r * cols, cols, row.data());
+        kernels::quantize_q8(row.data(), 1, cols, values.data(), scales.data());
+        kernels::pack_q8_panels(values.data(), scales.data(), r, 1, rows, cols, linear.owned_q8.data(), linear.owned_scales.data());
+      }
+    });
+    linear.matrix.values = linear.owned_q8.data();
+    linear.matrix.block_scales = linear.owned_scales.data();
+    linear.matrix.layout = kernels::QuantLayout::kPanels;
+    return linear;
+  }
   if (format == WeightFormat::kQ8 && view.dtype == DType::kQ8) {  // a checkpoint written by `gemma4rt quantize`
     // The kernels' layout (pack_q8) is a copy; the scales are read in place unless the rows are
     // segment-major (pack_q8_scales).
@@ -112,4 +180,5 @@ PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, Threa
   return linear;
 }
 
+}  // namespace
 }  // namespace gemma4rt::backend

@@ -1,7 +1,8 @@
-// A weight matrix prepared for the SIMD kernels in the chosen format. bf16, f32 and q4 weights stored in
-// that format are used in place from the memory map; q8 is repacked into the kernels' layout (its
-// scales stay in place), and other combinations are converted once at load into storage this object
-// owns.
+// A weight matrix prepared for the SIMD kernels in the chosen format. bf16 and f32 weights stored in
+// that format are used in place from the memory map, and q4 ones below AVX-512; q8, and q4 where the
+// AVX-512 kernels run, are repacked into the kernels' layout (panels where the AVX-512 kernels run,
+// their scales with them; q8 in superblocks below, the scales staying in place unless the rows are
+// segment-major), and other combinations are converted once at load into storage this object owns.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +19,9 @@ struct PreparedWeight {
   kernels::WeightMatrix matrix;      // what the kernels read
   WeightBuffer<uint16_t> owned_bf16;
   WeightBuffer<float> owned_f32;
-  WeightBuffer<uint8_t> owned_q8;   // pack_q8's layout
+  WeightBuffer<uint8_t> owned_q8;   // pack_q8_panels' or pack_q8's layout
   WeightBuffer<float> owned_scales;
-  WeightBuffer<uint8_t> owned_q4;
+  WeightBuffer<uint8_t> owned_q4;   // row-major nibbles or pack_q4_panels' layout
   WeightBuffer<uint16_t> owned_half_scales;
 
   // Bytes one full pass over this weight reads.

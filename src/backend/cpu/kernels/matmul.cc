@@ -86,6 +86,26 @@ void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_e
       [&](int64_t r, int64_t b) { return op.w_scales[q8_scale_index(r, b, op.cols)]; });
 }
 
+// The same over panels (pack_q8_panels): what a level below AVX-512 runs on weights packed for it.
+void matmul_q8_panels_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  const auto* w = static_cast<const uint8_t*>(op.w);
+  matmul_blocks_scalar(
+      op, row_begin, row_end, [&](int64_t r, int64_t k) { return static_cast<int32_t>(w[q8_panel_address(r, k, op.cols)]) - 128; },
+      [&](int64_t r, int64_t b) { return op.w_scales[panel_scale_index(r, b, op.cols)]; });
+}
+
+// The same over q4 panels (pack_q4_panels).
+void matmul_q4_panels_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  const auto* w = static_cast<const uint8_t*>(op.w);
+  matmul_blocks_scalar(
+      op, row_begin, row_end,
+      [&](int64_t r, int64_t k) {
+        const Q4NibbleAt at = q4_panel_nibble_at(r, k, op.cols);
+        return static_cast<int32_t>(at.high ? w[at.byte] >> 4 : w[at.byte] & 0x0f) - 8;
+      },
+      [&](int64_t r, int64_t b) { return f16_to_float(op.w_half_scales[panel_scale_index(r, b, op.cols)]); });
+}
+
 // The weight's nibble holds q + 8 (layout in core/formats.h).
 void matmul_q4_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   const auto* w = static_cast<const uint8_t*>(op.w);
@@ -216,6 +236,59 @@ void pack_q8(const int8_t* values, int64_t first_row, int64_t row_count, int64_t
       const int64_t length = std::min(kQ8SegmentValues, row_bytes - begin);
       std::memcpy(packed + q8_packed_address(first_row + n, begin, cols), row.data() + begin, static_cast<size_t>(length));
     }
+  }
+}
+
+void pack_q8_panels(const int8_t* values, const float* block_scales, int64_t first_row, int64_t row_count, int64_t rows,
+                    int64_t cols, uint8_t* packed, float* packed_scales) {
+  const int64_t blocks = q8_blocks_per_row(cols), padded_cols = blocks * kQ8BlockValues;
+  // The rows to write: the padding rows of the last panel go with the last row.
+  const int64_t end = first_row + row_count == rows ? panel_count(rows) * kQuantPanelRows : first_row + row_count;
+  std::vector<uint8_t> codes(static_cast<size_t>(padded_cols));
+  for (int64_t r = first_row; r < end; ++r) {
+    const bool real = r < rows;
+    std::fill(codes.begin(), codes.end(), uint8_t{128});  // padding: value 0
+    if (real) {
+      for (int64_t k = 0; k < cols; ++k) codes[k] = static_cast<uint8_t>(values[(r - first_row) * cols + k] + 128);
+    }
+    uint8_t* row_start = packed + q8_panel_address(r, 0, cols);  // the row's 4 values are 64 bytes apart
+    for (int64_t k = 0; k < padded_cols; k += 4) std::memcpy(row_start + k * 16, codes.data() + k, 4);
+    for (int64_t b = 0; b < blocks; ++b) packed_scales[panel_scale_index(r, b, cols)] = real ? block_scales[(r - first_row) * blocks + b] : 0.0f;
+  }
+}
+
+void pack_q4_panels(const uint8_t* nibbles, const uint16_t* half_scales, int64_t first_row, int64_t row_count, int64_t rows,
+                    int64_t cols, uint8_t* packed, uint16_t* packed_scales) {
+  const int64_t blocks = q4_blocks_per_row(cols), row_bytes = q4_row_bytes(cols);
+  const int64_t end = first_row + row_count == rows ? panel_count(rows) * kQuantPanelRows : first_row + row_count;
+  std::vector<uint8_t> codes(static_cast<size_t>(blocks * kQ4BlockValues));  // q + 8 per value, padding included
+  for (int64_t r = first_row; r < end; ++r) {
+    const bool real = r < rows;
+    std::fill(codes.begin(), codes.end(), uint8_t{8});  // padding rows: value 0
+    if (real) {
+      // The row's superblocks (core/formats.h): value 32 b + 4 c + i of one of n blocks in byte
+      // 4 n (c / 2) + 4 b + i, the high nibble for odd c.
+      const uint8_t* row = nibbles + (r - first_row) * row_bytes;
+      for (int64_t first_block = 0; first_block < blocks; first_block += kQ4SuperblockValues / kQ4BlockValues) {
+        const int64_t n = std::min<int64_t>(blocks - first_block, kQ4SuperblockValues / kQ4BlockValues);
+        const uint8_t* superblock = row + first_block * (kQ4BlockValues / 2);
+        uint8_t* out = codes.data() + first_block * kQ4BlockValues;
+        for (int64_t c = 0; c < 8; c += 2) {
+          for (int64_t b = 0; b < n; ++b) {
+            for (int64_t i = 0; i < 4; ++i) {
+              const uint8_t byte = superblock[4 * n * (c / 2) + 4 * b + i];
+              out[32 * b + 4 * c + i] = byte & 0x0f;
+              out[32 * b + 4 * c + 4 + i] = byte >> 4;
+            }
+          }
+        }
+      }
+    }
+    uint8_t* row_start = packed + q4_panel_nibble_at(r, 0, cols).byte;  // the row's 4 bytes are 64 bytes apart
+    for (int64_t k = 0; k < blocks * kQ4BlockValues; k += 8) {
+      for (int64_t j = 0; j < 4; ++j) row_start[k * 8 + j] = static_cast<uint8_t>(codes[k + j] | codes[k + 4 + j] << 4);
+    }
+    for (int64_t b = 0; b < blocks; ++b) packed_scales[panel_scale_index(r, b, cols)] = real ? half_scales[(r - first_row) * blocks + b] : 0;
   }
 }
 
@@ -412,11 +485,19 @@ void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64
                                                    : matmul_bf16_scalar;
       break;
     case WeightFormat::kQ8:
+      if (w.layout == QuantLayout::kPanels) {
+        kernel = isa_at_least(isa, Isa::kAvx512) ? detail::matmul_q8_panels_avx512 : matmul_q8_panels_scalar;
+        break;
+      }
       kernel = isa_at_least(isa, Isa::kAvx512) ? detail::matmul_q8_avx512
                : isa_at_least(isa, Isa::kAvx2) ? detail::matmul_q8_avx2
                                                : matmul_q8_scalar;
       break;
     case WeightFormat::kQ4:
+      if (w.layout == QuantLayout::kPanels) {
+        kernel = isa_at_least(isa, Isa::kAvx512) ? detail::matmul_q4_panels_avx512 : matmul_q4_panels_scalar;
+        break;
+      }
       kernel = isa_at_least(isa, Isa::kAvx512) ? detail::matmul_q4_avx512
                : isa_at_least(isa, Isa::kAvx2) ? detail::matmul_q4_avx2
                                                : matmul_q4_scalar;

@@ -14,13 +14,15 @@
 // weight row once; a step of 2-16 tokens (several sequences) uses register tiles of tokens x rows over
 // K chunks whose activations stay in L1; prefill uses larger tiles over L2-sized blocks of rows. q8 and
 // q4 products work in superblocks of 512 values (16 blocks side by side), so each block's integer dot
-// product ends in its own 32-bit lane and is scaled once.
+// product ends in its own 32-bit lane and is scaled once; where the AVX-512 kernels run, q8 and q4
+// weights are stored in panels of 16 rows instead, each row's sum in its own lane (QuantLayout).
 //
 // Paths, chosen at call time from active_isa():
 //   scalar       plain loops (the reference the SIMD paths are tested against)
 //   avx2         f32: vfmadd231ps; bf16: shift/and to f32 + vfmadd231ps; q8: vpsignb + vpmaddubsw + vpmaddwd;
 //                q4: nibbles (unsigned) x int8 activations by vpmaddubsw + vpmaddwd
-//   avx512       f32: vfmadd231ps zmm; bf16: shift/and to f32 + vfmadd231ps zmm; q8 and q4: vpdpbusd (VNNI)
+//   avx512       f32: vfmadd231ps zmm; bf16: shift/and to f32 + vfmadd231ps zmm; q8 and q4: vpdpbusd (VNNI);
+//                q8 and q4 panels: vpdpbusd with broadcast activations (matmul_panels_avx512.cc)
 //   avx512bf16   bf16: vdpbf16ps; f32 and q8 as avx512
 #pragma once
 
@@ -80,14 +82,56 @@ void pack_q8(const int8_t* values, int64_t first_row, int64_t row_count, int64_t
 // ... and their [row_count][q8_blocks_per_row(cols)] block scales into theirs (q8_packed_scale_count).
 void pack_q8_scales(const float* block_scales, int64_t first_row, int64_t row_count, int64_t cols, float* packed_scales);
 
+// q8 and q4 weights in panels, the AVX-512 kernels' layout (prepare_weight picks it where active_isa()
+// is AVX-512 or above): rows in groups of 16, the output rows in a vector's 16 lanes, so that one
+// vpdpbusd multiplies 4 consecutive values of each of 16 rows (unsigned codes) by one token's 4
+// activations broadcast from memory. A panel is stored front to back along K (cols padded to whole
+// blocks of 32 with value 0), panel after panel; rows past the last (to the next multiple of 16) hold
+// value 0 with scale 0. Block scales come as [panel][block][16]: one vector per block (f32 for q8, f16
+// for q4). One token's product then streams its panels front to back, and its activations are 4-byte
+// broadcasts rather than 64-byte loads (the loads kept the weight stream from overlapping the
+// arithmetic: docs/benchmarks.md).
+//   q8: a block of a panel is 8 vectors; byte 4 i + j of vector c holds value 4 c + j of row i, + 128.
+//   q4: a block of a panel is 4 vectors; byte 4 i + j of vector c holds values 8 c + j (low nibble) and
+//       8 c + 4 + j (high nibble) of row i, as q + 8: one AND gives the first 4, a shift and an AND the
+//       next. 4.5 bits per weight with the scales, as the row-major q4 layout.
+enum class QuantLayout { kSuperblocks, kPanels };
+constexpr int64_t kQuantPanelRows = 16;
+inline int64_t panel_count(int64_t rows) { return (rows + kQuantPanelRows - 1) / kQuantPanelRows; }
+inline int64_t panel_scale_count(int64_t rows, int64_t cols) { return panel_count(rows) * kQuantPanelRows * q8_blocks_per_row(cols); }
+inline int64_t panel_scale_index(int64_t r, int64_t block, int64_t cols) {
+  return (r / kQuantPanelRows * q8_blocks_per_row(cols) + block) * kQuantPanelRows + r % kQuantPanelRows;
+}
+inline int64_t q8_panel_bytes(int64_t rows, int64_t cols) {
+  return panel_count(rows) * kQuantPanelRows * q8_blocks_per_row(cols) * kQ8BlockValues;
+}
+// Where value k of row r lies.
+inline int64_t q8_panel_address(int64_t r, int64_t k, int64_t cols) {
+  return r / kQuantPanelRows * kQuantPanelRows * q8_blocks_per_row(cols) * kQ8BlockValues + k / 4 * 64 + r % kQuantPanelRows * 4 + k % 4;
+}
+inline int64_t q4_panel_bytes(int64_t rows, int64_t cols) { return q8_panel_bytes(rows, cols) / 2; }
+inline Q4NibbleAt q4_panel_nibble_at(int64_t r, int64_t k, int64_t cols) {
+  return {r / kQuantPanelRows * kQuantPanelRows * q4_row_bytes(cols) + k / 8 * 64 + r % kQuantPanelRows * 4 + k % 4, k % 8 >= 4};
+}
+// Pack rows [first_row, first_row + row_count) of a [rows][cols] matrix into panels (*_panel_bytes and
+// panel_scale_count), padding included: q8 from row-major int8 values and their
+// [row_count][q8_blocks_per_row(cols)] block scales, q4 from WeightFormat::kQ4's rows and scales. The
+// call that packs the last row also writes the padding rows; calls for different panels may run side
+// by side.
+void pack_q8_panels(const int8_t* values, const float* block_scales, int64_t first_row, int64_t row_count, int64_t rows,
+                    int64_t cols, uint8_t* packed, float* packed_scales);
+void pack_q4_panels(const uint8_t* nibbles, const uint16_t* half_scales, int64_t first_row, int64_t row_count, int64_t rows,
+                    int64_t cols, uint8_t* packed, uint16_t* packed_scales);
+
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;
   int64_t rows = 0, cols = 0;
   const void* values = nullptr;          // f32 / bf16 (uint16_t bits), row-major [rows][cols]
-                                         // q8: pack_q8's bytes (q8_packed_address)
-                                         // q4: nibbles, [rows][q4_row_bytes(cols)]
-  const float* block_scales = nullptr;   // q8 only: pack_q8_scales's (q8_scale_index)
-  const uint16_t* half_scales = nullptr; // q4 only: f16 [rows][q4_blocks_per_row(cols)]
+                                         // q8: pack_q8's bytes (q8_packed_address) or panels
+                                         // q4: nibbles, [rows][q4_row_bytes(cols)], or panels
+  const float* block_scales = nullptr;   // q8 only: pack_q8_scales's (q8_scale_index) or panels'
+  const uint16_t* half_scales = nullptr; // q4 only: f16 [rows][q4_blocks_per_row(cols)] or panels'
+  QuantLayout layout = QuantLayout::kSuperblocks;  // q8 and q4
 };
 
 // A 2-D F32, BF16 or Q4 view (use TensorView::slice for one expert of a stacked tensor) as a matrix
@@ -196,8 +240,8 @@ struct MatmulOperands {
   int64_t x_stride;             // elements between tokens (a multiple of 64)
   int64_t tokens;
   const void* w;                // weights [rows][cols]
-  const float* w_scales;        // q8: at q8_scale_index
-  const uint16_t* w_half_scales;  // q4: f16 [rows][q4_blocks_per_row(cols)]
+  const float* w_scales;        // q8: at q8_scale_index, or panel_scale_index
+  const uint16_t* w_half_scales;  // q4: f16 [rows][q4_blocks_per_row(cols)], or panel_scale_index
   int64_t cols;
   float* y;
   int64_t y_stride;
@@ -231,6 +275,9 @@ void prefill_bf16_panels_avx512bf16(const MatmulOperands& operands, int64_t row_
 // gelu_gate_up on the same panels, gate and up rows of the same indices side by side in each.
 void prefill_gelu_gate_up_avx512bf16(const GateUpOperands& operands, int64_t index_begin, int64_t index_end);
 void matmul_q8_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+// q8 and q4 weights in panels (matmul_panels_avx512.cc), every token count.
+void matmul_q8_panels_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+void matmul_q4_panels_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q4_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q4_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 

@@ -1,0 +1,260 @@
+// q8 and q4 products over weights in panels (pack_q8_panels, pack_q4_panels; matmul.h) with AVX-512
+// VNNI. Compiled with the AVX-512 flags; everything stays in an anonymous namespace (see
+// matmul_avx512.cc).
+//
+// A panel holds 16 weight rows, one per 32-bit lane. One vpdpbusd multiplies 4 consecutive values of
+// each row (codes, unsigned: w + 128 for q8, the nibble q + 8 for q4) by one token's 4 activations
+// broadcast from memory (int8, signed) and adds each row's 4 products to its lane. A block of 32 values
+// is 8 of them (q8: 8 vectors as stored; q4: 4 vectors, each giving its low nibbles, then its high ones),
+// in a chain started from the token's -c * sum(x) of the block, so the lane ends with the block's exact
+// sum(w * x); then, per block, sum += float(dot) * (w_scale * x_scale) as one fma. Every output is that
+// same sequence of operations in block order whatever the tile, the token count or the row range it was
+// computed in, so results are bitwise the same for a token alone or in a step of several, and for any
+// split of the rows.
+//
+// Tiles: one token takes 4 panels at a time (64 rows, 4 streams front to back), the rest as one tile;
+// 2-16 tokens take up to 8 tokens x 1 panel; prefill takes 6 tokens x 2 panels over blocks of panels
+// that stay in L2.
+
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/kernels/math_avx512.h"  // <immintrin.h>, with GCC 12's false warnings silenced
+#include "backend/cpu/kernels/matmul.h"
+
+namespace gemma4rt::kernels::detail {
+namespace {
+
+constexpr int64_t kPanelRows = kQuantPanelRows;
+
+// What differs between the formats: a block of a panel's bytes, its 8 vpdpbusd operands, its scales.
+struct Q8Panels {
+  static constexpr int64_t kBlockBytes = kPanelRows * kQ8BlockValues;  // 8 vectors
+  using Scale = float;
+  // Operands v and v + 1 (v even) of the block at `block`.
+  static void operands(const uint8_t* block, int v, __m512i& first, __m512i& second) {
+    first = _mm512_loadu_si512(block + 64 * v);
+    second = _mm512_loadu_si512(block + 64 * (v + 1));
+  }
+  static __m512 scales(const float* at) { return _mm512_loadu_ps(at); }
+};
+struct Q4Panels {
+  static constexpr int64_t kBlockBytes = kPanelRows * kQ4BlockValues / 2;  // 4 vectors
+  using Scale = uint16_t;
+  static void operands(const uint8_t* block, int v, __m512i& first, __m512i& second) {
+    const __m512i both = _mm512_loadu_si512(block + 32 * v), low = _mm512_set1_epi8(0x0f);
+    first = _mm512_and_si512(both, low);
+    second = _mm512_and_si512(_mm512_srli_epi16(both, 4), low);
+  }
+  static __m512 scales(const uint16_t* at) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))); }
+};
+
+// Bytes ahead of the weight loads that a decode step prefetches (into L1), beside the hardware
+// prefetchers (the same bytes for q4, whose 2 KiB hold twice the values). Swept for q8 over 0-8 KiB on
+// the Zen 5 (two threads, two rounds; bandwidth drifting by half):
+// one token's product read no clear best (2 KiB kept); a step of 8 tokens reached 65-82% of the probe
+// at 4 KiB against 42-77% without.
+constexpr int64_t kDecodePrefetchBytes = 2048, kStepPrefetchBytes = 4096;
+// Panels per cache block in prefill: the block's weights stay in L2 while every token tile passes.
+constexpr int64_t kPrefillBlockBytes = 384 * 1024;
+constexpr int kPrefillTokens = 6, kPrefillPanels = 2, kStepTokens = 8, kDecodePanels = 4;
+
+// What the tiles read of each token: its int8 activations, block scales and prepared superblocks (whose
+// bytes 576 + 4 i of superblock s hold block 16 s + i's -c * sum(x), c = 128 for q8 and 8 for q4).
+struct TokenOperands {
+  const int8_t* values;
+  const float* scales;
+  const std::byte* superblocks;
+};
+
+template <typename Panels>
+struct PanelOperands {
+  const uint8_t* codes;                    // panel 0's
+  const typename Panels::Scale* scales;
+  int64_t blocks;                          // per row
+  int64_t panel_bytes;                     // blocks * Panels::kBlockBytes
+};
+
+inline int32_t load_int32(const void* address) {
+  int32_t value;
+  std::memcpy(&value, address, sizeof(value));
+  return value;
+}
+
+// sums[t][p] = the 16 rows of panel first_panel + p against token t, over all of K. CHAINS integer
+// chains per product (their sum is exact): one token's few products need two to hide vpdpbusd's latency.
+template <typename Panels, int MT, int NP, int CHAINS>
+inline void panel_tile(const PanelOperands<Panels>& w, const TokenOperands* tokens, int64_t first_panel, int64_t prefetch,
+                       __m512 (&sums)[MT][NP]) {
+  static_assert(CHAINS == 1 || CHAINS == 2, "one or two chains");
+  const uint8_t* codes[NP];
+  const typename Panels::Scale* scales[NP];
+#pragma GCC unroll 8
+  for (int p = 0; p < NP; ++p) {
+    codes[p] = w.codes + (first_panel + p) * w.panel_bytes;
+    scales[p] = w.scales + (first_panel + p) * w.blocks * kPanelRows;
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) sums[t][p] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    if (prefetch != 0) {
+#pragma GCC unroll 8
+      for (int p = 0; p < NP; ++p) {
+#pragma GCC unroll 8
+        for (int line = 0; line < Panels::kBlockBytes / 64; ++line) _mm_prefetch(reinterpret_cast<const char*>(codes[p] + prefetch + 64 * line), _MM_HINT_T0);
+      }
+    }
+    const int64_t correction_at = b / 16 * 640 + 576 + 4 * (b % 16);
+    __m512i dots[MT][NP][CHAINS];
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) {
+      const __m512i start = _mm512_set1_epi32(load_int32(tokens[t].superblocks + correction_at));
+#pragma GCC unroll 8
+      for (int p = 0; p < NP; ++p) {
+        dots[t][p][0] = start;
+        if constexpr (CHAINS == 2) dots[t][p][1] = _mm512_setzero_si512();
+      }
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < 8; v += 2) {
+      __m512i first[NP], second[NP];
+#pragma GCC unroll 8
+      for (int p = 0; p < NP; ++p) Panels::operands(codes[p], v, first[p], second[p]);
+#pragma GCC unroll 8
+      for (int t = 0; t < MT; ++t) {
+        const int8_t* x = tokens[t].values + kQ8BlockValues * b + 4 * v;
+        const __m512i x_first = _mm512_set1_epi32(load_int32(x)), x_second = _mm512_set1_epi32(load_int32(x + 4));
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; ++p) {
+          dots[t][p][0] = _mm512_dpbusd_epi32(dots[t][p][0], first[p], x_first);
+          dots[t][p][CHAINS - 1] = _mm512_dpbusd_epi32(dots[t][p][CHAINS - 1], second[p], x_second);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) {
+      const __m512 row_scales = Panels::scales(scales[p] + kPanelRows * b);
+#pragma GCC unroll 8
+      for (int t = 0; t < MT; ++t) {
+        __m512i dot = dots[t][p][0];
+        if constexpr (CHAINS == 2) dot = _mm512_add_epi32(dot, dots[t][p][1]);
+        const __m512 scale = _mm512_mul_ps(row_scales, _mm512_set1_ps(tokens[t].scales[b]));
+        sums[t][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, sums[t][p]);
+      }
+      codes[p] += Panels::kBlockBytes;
+    }
+  }
+}
+
+// Runs a tile and writes its outputs that fall in [row_begin, row_end).
+template <typename Panels, int MT, int NP, int CHAINS>
+inline void run_tile(const MatmulOperands& op, const PanelOperands<Panels>& w, const TokenOperands* tokens, int64_t t0, int64_t first_panel,
+                     int64_t row_begin, int64_t row_end, int64_t prefetch) {
+  __m512 sums[MT][NP];
+  panel_tile<Panels, MT, NP, CHAINS>(w, tokens + t0, first_panel, prefetch, sums);
+#pragma GCC unroll 8
+  for (int p = 0; p < NP; ++p) {
+    const int64_t r0 = (first_panel + p) * kPanelRows;
+    const int64_t begin = row_begin > r0 ? row_begin - r0 : 0;
+    const int64_t end = row_end < r0 + kPanelRows ? row_end - r0 : kPanelRows;
+    if (begin >= end) continue;
+    const __mmask16 lanes = static_cast<__mmask16>(((1u << end) - 1u) & ~((1u << begin) - 1u));
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) _mm512_mask_storeu_ps(op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row, lanes, sums[t][p]);
+  }
+}
+
+// Tokens [t0, t0 + count) (count <= 8) against NP panels from first_panel.
+template <typename Panels, int NP>
+void run_tokens(const MatmulOperands& op, const PanelOperands<Panels>& w, const TokenOperands* tokens, int64_t t0, int64_t count,
+                int64_t first_panel, int64_t row_begin, int64_t row_end, int64_t prefetch) {
+  switch (count) {
+    case 1: return run_tile<Panels, 1, NP, 2>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+    case 2: return run_tile<Panels, 2, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+    case 3: return run_tile<Panels, 3, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+    case 4: return run_tile<Panels, 4, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+    case 5: return run_tile<Panels, 5, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+    case 6: return run_tile<Panels, 6, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+    case 7:
+      if constexpr (NP == 1) return run_tile<Panels, 7, 1, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+      break;
+    case 8:
+      if constexpr (NP == 1) return run_tile<Panels, 8, 1, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+      break;
+  }
+  // Wider tiles than the registers hold: one panel at a time.
+  for (int64_t p = 0; p < NP; ++p) run_tokens<Panels, 1>(op, w, tokens, t0, count, first_panel + p, row_begin, row_end, prefetch);
+}
+
+template <typename Panels>
+void matmul_panels(const MatmulOperands& op, const typename Panels::Scale* weight_scales, int64_t row_begin, int64_t row_end) {
+  const int64_t blocks = q8_blocks_per_row(op.cols);
+  const PanelOperands<Panels> w{static_cast<const uint8_t*>(op.w), weight_scales, blocks, blocks * Panels::kBlockBytes};
+  // The tokens' operands, worked out once (a prefill's in pieces of 64).
+  constexpr int64_t kTokenBatch = 64;
+  TokenOperands tokens[kTokenBatch];
+  const int64_t scales_per_token = op.x_stride / kQ8BlockValues, superblock_bytes_per_token = op.x_stride / 4 * 5;
+  auto set_tokens = [&](int64_t first, int64_t count) {
+    for (int64_t t = 0; t < count; ++t) {
+      tokens[t] = {static_cast<const int8_t*>(op.x) + (first + t) * op.x_stride, op.x_scales + (first + t) * scales_per_token,
+                   op.x_superblocks + (first + t) * superblock_bytes_per_token};
+    }
+  };
+  const int64_t first_panel = row_begin / kPanelRows, end_panel = (row_end + kPanelRows - 1) / kPanelRows;
+  MatmulOperands shifted = op;  // outputs are written relative to token first, so y moves with the batch
+
+  if (op.tokens == 1) {
+    set_tokens(0, 1);
+    int64_t p = first_panel;
+    for (; p + kDecodePanels <= end_panel; p += kDecodePanels) {
+      run_tile<Panels, 1, kDecodePanels, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
+    }
+    // The rest as one tile (the backend hands out 48 rows at a time: 3 panels).
+    switch (end_panel - p) {
+      case 3: return run_tile<Panels, 1, 3, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
+      case 2: return run_tile<Panels, 1, 2, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
+      case 1: return run_tile<Panels, 1, 1, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
+    }
+    return;
+  }
+  if (op.tokens <= kBatchMaxTokens) {
+    set_tokens(0, op.tokens);
+    for (int64_t p = first_panel; p < end_panel; ++p) {
+      for (int64_t t = 0; t < op.tokens; t += kStepTokens) {
+        run_tokens<Panels, 1>(op, w, tokens, t, op.tokens - t < kStepTokens ? op.tokens - t : kStepTokens, p, row_begin, row_end,
+                      t == 0 ? kStepPrefetchBytes : 0);
+      }
+    }
+    return;
+  }
+  // Prefill: blocks of panels that stay in L2, each passed by every token in tiles of 6 x 2 panels.
+  const int64_t block_panels = w.panel_bytes >= kPrefillBlockBytes ? 1 : kPrefillBlockBytes / w.panel_bytes;
+  for (int64_t block = first_panel; block < end_panel; block += block_panels) {
+    const int64_t block_end = block + block_panels < end_panel ? block + block_panels : end_panel;
+    for (int64_t first = 0; first < op.tokens; first += kTokenBatch) {
+      const int64_t batch = op.tokens - first < kTokenBatch ? op.tokens - first : kTokenBatch;
+      set_tokens(first, batch);
+      shifted.y = op.y + first * op.y_stride;
+      for (int64_t t = 0; t < batch; t += kPrefillTokens) {
+        const int64_t count = batch - t < kPrefillTokens ? batch - t : kPrefillTokens;
+        int64_t p = block;
+        for (; p + kPrefillPanels <= block_end; p += kPrefillPanels) {
+          run_tokens<Panels, kPrefillPanels>(shifted, w, tokens, t, count, p, row_begin, row_end, 0);
+        }
+        if (p < block_end) run_tokens<Panels, 1>(shifted, w, tokens, t, count, p, row_begin, row_end, 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_q8_panels_avx512(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  matmul_panels<Q8Panels>(op, op.w_scales, row_begin, row_end);
+}
+
+void matmul_q4_panels_avx512(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  matmul_panels<Q4Panels>(op, op.w_half_scales, row_begin, row_end);
+}
+
+}  // namespace gemma4rt::kernels::detail
