@@ -7,7 +7,9 @@
 // broadcast from memory (int8, signed) and adds each row's 4 products to its lane. A block of 32 values
 // is 8 of them (q8: 8 vectors as stored; q4: 4 vectors, each giving its low nibbles, then its high ones),
 // in a chain started from the token's -c * sum(x) of the block, so the lane ends with the block's exact
-// sum(w * x); then, per block, sum += float(dot) * (w_scale * x_scale) as one fma. Every output is that
+// sum(w * x) (one token's tiles split the chain in two, and q4's second one takes the high nibbles in
+// place, 16 times their codes, and is shifted back: still exact, one AND a vector instead of a shift
+// and an AND); then, per block, sum += float(dot) * (w_scale * x_scale) as one fma. Every output is that
 // same sequence of operations in block order whatever the tile, the token count or the row range it was
 // computed in, so results are bitwise the same for a token alone or in a step of several, and for any
 // split of the rows.
@@ -31,20 +33,36 @@ constexpr int64_t kPanelRows = kQuantPanelRows;
 struct Q8Panels {
   static constexpr int64_t kBlockBytes = kPanelRows * kQ8BlockValues;  // 8 vectors
   using Scale = float;
-  // Operands v and v + 1 (v even) of the block at `block`.
+  // Operands v and v + 1 (v even) of the block at `block`. With kScaledSecond, a format may hand out
+  // the second operand times 16 (q4: one instruction fewer per vector); its chain is then divided back.
+  template <bool kScaledSecond>
   static void operands(const uint8_t* block, int v, __m512i& first, __m512i& second) {
     first = _mm512_loadu_si512(block + 64 * v);
     second = _mm512_loadu_si512(block + 64 * (v + 1));
   }
+  template <bool kScaledSecond>
+  static __m512i unscale_second(__m512i chain) { return chain; }
   static __m512 scales(const float* at) { return _mm512_loadu_ps(at); }
 };
 struct Q4Panels {
   static constexpr int64_t kBlockBytes = kPanelRows * kQ4BlockValues / 2;  // 4 vectors
   using Scale = uint16_t;
+  // The high nibbles in place are 16 times the codes; a chain of only such products is a multiple of
+  // 16, so an arithmetic shift divides it back exactly.
+  template <bool kScaledSecond>
   static void operands(const uint8_t* block, int v, __m512i& first, __m512i& second) {
     const __m512i both = _mm512_loadu_si512(block + 32 * v), low = _mm512_set1_epi8(0x0f);
     first = _mm512_and_si512(both, low);
-    second = _mm512_and_si512(_mm512_srli_epi16(both, 4), low);
+    if constexpr (kScaledSecond) {
+      second = _mm512_andnot_si512(low, both);
+    } else {
+      second = _mm512_and_si512(_mm512_srli_epi16(both, 4), low);
+    }
+  }
+  template <bool kScaledSecond>
+  static __m512i unscale_second(__m512i chain) {
+    if constexpr (kScaledSecond) return _mm512_srai_epi32(chain, 4);
+    return chain;
   }
   static __m512 scales(const uint16_t* at) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))); }
 };
@@ -119,7 +137,7 @@ inline void panel_tile(const PanelOperands<Panels>& w, const TokenOperands* toke
     for (int v = 0; v < 8; v += 2) {
       __m512i first[NP], second[NP];
 #pragma GCC unroll 8
-      for (int p = 0; p < NP; ++p) Panels::operands(codes[p], v, first[p], second[p]);
+      for (int p = 0; p < NP; ++p) Panels::template operands<CHAINS == 2>(codes[p], v, first[p], second[p]);
 #pragma GCC unroll 8
       for (int t = 0; t < MT; ++t) {
         const int8_t* x = tokens[t].values + kQ8BlockValues * b + 4 * v;
@@ -137,7 +155,7 @@ inline void panel_tile(const PanelOperands<Panels>& w, const TokenOperands* toke
 #pragma GCC unroll 8
       for (int t = 0; t < MT; ++t) {
         __m512i dot = dots[t][p][0];
-        if constexpr (CHAINS == 2) dot = _mm512_add_epi32(dot, dots[t][p][1]);
+        if constexpr (CHAINS == 2) dot = _mm512_add_epi32(dot, Panels::template unscale_second<true>(dots[t][p][1]));
         const __m512 scale = _mm512_mul_ps(row_scales, _mm512_set1_ps(tokens[t].scales[b]));
         sums[t][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, sums[t][p]);
       }
