@@ -49,7 +49,7 @@ log "full-size shapes: verify and bench"
 for shape in e2b e4b; do
   [ -f "$work/$shape/config.json" ] || "$binary" make-model --shape "$shape" --out "$work/$shape" --force
   "$binary" verify --model "$work/$shape" --backend vulkan --dtype f32 --kv f32 --max-tokens 8 --json > "$out/verify-$shape-f32.json" || true
-  for dtype in bf16 q8; do
+  for dtype in bf16 q8 q4; do
     "$binary" bench --model "$work/$shape" --backend vulkan --dtype "$dtype" -p 512 -n 64 --json | tee -a "$out/bench.jsonl"
   done
 done

@@ -150,8 +150,9 @@ class ShardedQ4Coherence : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ShardedQ4Coherence, AnswersEveryPrompt) { expect_answers_every_prompt(GetParam(), WeightFormat::kQ4, 2); }
 
-// The Vulkan backend (lavapipe on CI machines) in bf16 and q8, one engine per model: the chat format and
-// the CLI around it are the cpu path's, tested by the run command's Coherence tests.
+// The Vulkan backend (lavapipe on CI machines) in bf16 and q8, one engine per model, and q4 on a dense
+// and the MoE model (its expert products are their own shaders): the chat format and the CLI around it
+// are the cpu path's, tested by the run command's Coherence tests.
 class VulkanCoherence : public ::testing::TestWithParam<std::tuple<std::string, WeightFormat>> {};
 
 TEST_P(VulkanCoherence, AnswersEveryPrompt) {
@@ -159,12 +160,16 @@ TEST_P(VulkanCoherence, AnswersEveryPrompt) {
   expect_answers_every_prompt(name, format, 1, "vulkan");
 }
 
+const auto vulkan_coherence_name = [](const auto& info) {
+  return testing::test_identifier(std::get<0>(info.param) + "_" + format_name(std::get<1>(info.param)));
+};
 INSTANTIATE_TEST_SUITE_P(TrainedModels, VulkanCoherence,
                          ::testing::Combine(::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b", "tiny-e2b-agent"),
                                             ::testing::Values(WeightFormat::kBF16, WeightFormat::kQ8)),
-                         [](const auto& info) {
-                           return testing::test_identifier(std::get<0>(info.param) + "_" + format_name(std::get<1>(info.param)));
-                         });
+                         vulkan_coherence_name);
+INSTANTIATE_TEST_SUITE_P(TrainedModelsQ4, VulkanCoherence,
+                         ::testing::Combine(::testing::Values("tiny-e2b", "tiny-26b-a4b"), ::testing::Values(WeightFormat::kQ4)),
+                         vulkan_coherence_name);
 
 INSTANTIATE_TEST_SUITE_P(TrainedModels, ShardedQ4Coherence, ::testing::Values("tiny-e2b", "tiny-e4b", "tiny-12b", "tiny-31b", "tiny-26b-a4b"),
                          [](const auto& info) { return testing::test_identifier(info.param); });

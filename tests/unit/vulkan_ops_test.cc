@@ -93,14 +93,27 @@ std::vector<float> as_stored(const std::vector<float>& weights, int rows, int co
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < cols; ++c) rounded[r * cols + c] = values[r * cols + c] * scales[r * q8_blocks_per_row(cols) + c / 32];
     }
+  } else if (format == WeightFormat::kQ4) {
+    // Codes and scales as quantize_q4 lays them out (its superblocks), read back by their own address.
+    std::vector<uint8_t> packed(static_cast<size_t>(rows * q4_row_bytes(cols)));
+    std::vector<uint16_t> scales(static_cast<size_t>(rows) * q4_blocks_per_row(cols));
+    kernels::quantize_q4(weights.data(), rows, cols, packed.data(), scales.data());
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols; ++c) {
+        const Q4NibbleAt at = q4_nibble_at(c, cols);
+        const uint8_t byte = packed[r * q4_row_bytes(cols) + at.byte];
+        const int code = (at.high ? byte >> 4 : byte & 0x0f) - 8;
+        rounded[r * cols + c] = static_cast<float>(code) * f16_to_float(scales[r * q4_blocks_per_row(cols) + c / 32]);
+      }
+    }
   }
   return rounded;
 }
 
-// f32 products agree to fp32 rounding of the sums; bf16 and q8 weights are compared with the
+// f32 products agree to fp32 rounding of the sums; bf16, q8 and q4 weights are compared with the
 // reference multiplying the same rounded weights in f32.
 TEST_F(VulkanOps, MatmulInEveryWeightFormat) {
-  for (const WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
+  for (const WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
     for (const auto& [rows, cols] : {std::pair<int, int>{37, 67}, {5, 513}, {129, 32}}) {
       for (const int tokens : {1, 3, 9}) {
         SCOPED_TRACE(std::string(format_name(format)) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " tokens " +
@@ -117,7 +130,7 @@ TEST_F(VulkanOps, MatmulInEveryWeightFormat) {
 // Prefill-sized products (48 tokens and more run the tiled shader; fewer the GEMV, on the same
 // weights): partial tiles of tokens, rows and k in every direction, several tiles of each.
 TEST_F(VulkanOps, PrefillMatmulOnOddShapes) {
-  for (const WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8}) {
+  for (const WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kQ8, WeightFormat::kQ4}) {
     for (const int rows : {1, 37, 130}) {
       for (const int cols : {5, 33, 300}) {
         const std::vector<float> weights = random_values(static_cast<size_t>(rows) * cols, 41);

@@ -47,8 +47,36 @@ constexpr int64_t kTile = 64;
 // memory-bound GPUs tiling pays off earlier still; decode and small batches stay on the GEMV.
 constexpr int kTiledMinTokens = 48;
 
-// Where a weight format's variant sits within a product family of Kernel (f32, bf16, q8).
-int format_offset(WeightFormat format) { return format == WeightFormat::kBF16 ? 1 : format == WeightFormat::kQ8 ? 2 : 0; }
+// Where a weight format's variant sits within a product family of Kernel (f32, bf16, q8, q4).
+int format_offset(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32: return 0;
+    case WeightFormat::kBF16: return 1;
+    case WeightFormat::kQ8: return 2;
+    case WeightFormat::kQ4: return 3;
+  }
+  return 0;
+}
+
+// q4 as the shaders read it (weights.glsl): each row's values in order, 8 nibbles per 32-bit word, the
+// lowest first, each q + 8, rows padded to whole blocks of 32 with 8 (zero). `superblocks` is a
+// WeightFormat::kQ4 matrix's rows (core/formats.h), whose addressing is the CPU kernels'.
+std::vector<uint8_t> q4_rows_in_order(const uint8_t* superblocks, int64_t rows, int64_t cols) {
+  const int64_t row_bytes = q4_row_bytes(cols);
+  std::vector<uint8_t> ordered(static_cast<size_t>(rows * row_bytes), 0x88);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* source = superblocks + r * row_bytes;
+    uint8_t* target = ordered.data() + r * row_bytes;
+    for (int64_t k = 0; k < cols; ++k) {
+      const Q4NibbleAt at = q4_nibble_at(k, cols);
+      const uint8_t code = at.high ? source[at.byte] >> 4 : source[at.byte] & 0x0f;
+      uint8_t& byte = target[k / 2];
+      byte = k % 2 != 0 ? static_cast<uint8_t>((byte & 0x0f) | (code << 4)) : static_cast<uint8_t>((byte & 0xf0) | code);
+    }
+  }
+  return ordered;
+}
+
 struct ElementwisePush {
   uint32_t op, count, width, stride, offset;
   float f0, f1;
@@ -68,10 +96,11 @@ VulkanBackend::VulkanBackend(int device_index) : device_(std::make_unique<Device
   };
   const KernelSource sources[] = {
       {Kernel::kMatmulF32, "matmul_f32", 5},         {Kernel::kMatmulBF16, "matmul_bf16", 5},
-      {Kernel::kMatmulQ8, "matmul_q8", 5},           {Kernel::kGatheredF32, "gathered_f32", 5},
-      {Kernel::kGatheredBF16, "gathered_bf16", 5},   {Kernel::kGatheredQ8, "gathered_q8", 5},
+      {Kernel::kMatmulQ8, "matmul_q8", 5},           {Kernel::kMatmulQ4, "matmul_q4", 5},
+      {Kernel::kGatheredF32, "gathered_f32", 5},     {Kernel::kGatheredBF16, "gathered_bf16", 5},
+      {Kernel::kGatheredQ8, "gathered_q8", 5},       {Kernel::kGatheredQ4, "gathered_q4", 5},
       {Kernel::kTiledF32, "tiled_f32", 4},           {Kernel::kTiledBF16, "tiled_bf16", 4},
-      {Kernel::kTiledQ8, "tiled_q8", 4},
+      {Kernel::kTiledQ8, "tiled_q8", 4},             {Kernel::kTiledQ4, "tiled_q4", 4},
       {Kernel::kRmsNorm, "rms_norm", 3},             {Kernel::kElementwise, "elementwise", 3},
       {Kernel::kRope, "rope", 4},                    {Kernel::kStoreKvF32, "store_kv_f32", 3},
       {Kernel::kStoreKvBF16, "store_kv_bf16", 3},    {Kernel::kAttentionF32, "attention_f32", 8},
@@ -90,7 +119,8 @@ VulkanBackend::VulkanBackend(int device_index) : device_(std::make_unique<Device
   if (device_->info().cooperative_matrix_nv_f16 && !(disabled != nullptr && std::string_view(disabled) == "1")) {
     try {
       const std::pair<Kernel, const char*> cooperative[] = {
-          {Kernel::kCoopmatF32, "coopmat_f32"}, {Kernel::kCoopmatBF16, "coopmat_bf16"}, {Kernel::kCoopmatQ8, "coopmat_q8"}};
+          {Kernel::kCoopmatF32, "coopmat_f32"}, {Kernel::kCoopmatBF16, "coopmat_bf16"}, {Kernel::kCoopmatQ8, "coopmat_q8"},
+          {Kernel::kCoopmatQ4, "coopmat_q4"}};
       for (const auto& [kernel, shader] : cooperative) {
         pipelines_[static_cast<int>(kernel)] = device_->create_pipeline(shader_spirv(shader), 4, kPushBytes);
       }
@@ -120,15 +150,14 @@ std::string VulkanBackend::kernels() const {
                      cooperative_matrix_ ? ", cooperative matrix" : "");
 }
 
-// q4 checkpoints run here re-quantised to q8 (the shaders have no q4 products yet).
 WeightFormat VulkanBackend::default_weight_format(DType stored) const {
-  if (stored == DType::kQ8 || stored == DType::kQ4) return WeightFormat::kQ8;
+  if (stored == DType::kQ8) return WeightFormat::kQ8;
+  if (stored == DType::kQ4) return WeightFormat::kQ4;
   return stored == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
 }
 
-void VulkanBackend::check_formats(WeightFormat weights, KvFormat) const {
-  if (weights == WeightFormat::kQ4) fail("the Vulkan backend has no q4 products yet: use --dtype q8 or bf16 there (q4 runs on the cpu backend)");
-}
+// Every weight format has its shaders and both KV formats theirs.
+void VulkanBackend::check_formats(WeightFormat, KvFormat) const {}
 
 // ---- memory ----
 
@@ -153,7 +182,10 @@ Weight VulkanBackend::prepare_weight(const TensorView& view, WeightFormat format
   weight.cols = view.element_count() / weight.rows;
   const int64_t cols = weight.cols;
   // Rows per chunk: within the device's largest storage buffer and one dispatch's workgroups.
-  const int64_t row_bytes = format == WeightFormat::kF32 ? cols * 4 : format == WeightFormat::kBF16 ? cols * 2 : cols;
+  const int64_t row_bytes = format == WeightFormat::kF32    ? cols * 4
+                            : format == WeightFormat::kBF16 ? cols * 2
+                            : format == WeightFormat::kQ8   ? cols
+                                                            : q4_row_bytes(cols);
   const int64_t chunk_rows = std::clamp<int64_t>(static_cast<int64_t>(device_->info().max_storage_buffer_range) / std::max<int64_t>(row_bytes, 1) - 1,
                                                  1, kMaxGroups);
   std::vector<float> floats;
@@ -202,7 +234,28 @@ Weight VulkanBackend::prepare_weight(const TensorView& view, WeightFormat format
         device_->upload(chunk.scales, 0, scales.data(), scales.size() * sizeof(float));
         break;
       }
-      case WeightFormat::kQ4: check_formats(format, KvFormat::kBF16); break;
+      case WeightFormat::kQ4: {
+        // The checkpoint's own codes when it is q4 (no second rounding), else quantised here as the
+        // CPU backend quantises; either way reordered from the superblock layout into row order.
+        const int64_t blocks = q4_blocks_per_row(cols), row_bytes = q4_row_bytes(cols);
+        std::vector<uint8_t> superblocks(static_cast<size_t>(chunk.rows * row_bytes));
+        // An even count, padded with 0: the shader reads the scales in pairs.
+        halves.assign(static_cast<size_t>(chunk.rows * blocks + 1) / 2 * 2, 0);
+        if (view.dtype == DType::kQ4) {
+          std::memcpy(superblocks.data(), view.data + first * row_bytes, superblocks.size());
+          std::memcpy(halves.data(), view.q4_scales + first * blocks, static_cast<size_t>(chunk.rows * blocks) * 2);
+        } else {
+          floats.resize(static_cast<size_t>(elements));
+          view.read_floats(first * cols, elements, floats.data());
+          kernels::quantize_q4(floats.data(), chunk.rows, cols, superblocks.data(), halves.data());
+        }
+        const std::vector<uint8_t> ordered = q4_rows_in_order(superblocks.data(), chunk.rows, cols);
+        chunk.values = device_->create_buffer(ordered.size());
+        device_->upload(chunk.values, 0, ordered.data(), ordered.size());
+        chunk.scales = device_->create_buffer(halves.size() * 2);
+        device_->upload(chunk.scales, 0, halves.data(), halves.size() * 2);
+        break;
+      }
     }
     weight_bytes_ += chunk.values.bytes + chunk.scales.bytes;
     weight.chunks.push_back(chunk);

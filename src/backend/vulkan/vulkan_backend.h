@@ -68,17 +68,17 @@ class VulkanBackend : public Backend {
  private:
   struct WeightChunk {
     int64_t first_row = 0, rows = 0;
-    DeviceBuffer values, scales;   // scales: q8 only
+    DeviceBuffer values, scales;   // scales: q8 and q4 only
   };
   struct PreparedWeight {
     WeightFormat format = WeightFormat::kF32;
     int64_t rows = 0, cols = 0;
     std::vector<WeightChunk> chunks;
   };
-  // Each product family lists its f32, bf16, q8 variants in that order (weight_product relies on it).
+  // Each product family lists its f32, bf16, q8, q4 variants in that order (weight_product relies on it).
   enum class Kernel {
-    kMatmulF32, kMatmulBF16, kMatmulQ8, kGatheredF32, kGatheredBF16, kGatheredQ8, kTiledF32, kTiledBF16, kTiledQ8,
-    kCoopmatF32, kCoopmatBF16, kCoopmatQ8,
+    kMatmulF32, kMatmulBF16, kMatmulQ8, kMatmulQ4, kGatheredF32, kGatheredBF16, kGatheredQ8, kGatheredQ4,
+    kTiledF32, kTiledBF16, kTiledQ8, kTiledQ4, kCoopmatF32, kCoopmatBF16, kCoopmatQ8, kCoopmatQ4,
     kRmsNorm, kElementwise, kRope, kStoreKvF32, kStoreKvBF16, kAttentionF32, kAttentionBF16,
     kRouteExperts, kExpertCombine, kArgmax, kLogSumExp, kReadBandwidth, kCount
   };

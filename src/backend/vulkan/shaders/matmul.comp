@@ -2,8 +2,9 @@
 // y[t][row] = sum_k x[t][k] * W[row][k]: each subgroup computes whole rows (its lanes stride over k,
 // subgroupAdd sums them: no shared memory, no barriers), `rows_per_group` rows per workgroup, for a
 // block of up to 8 tokens (the second dispatch dimension), so decode reads every weight row once.
-// Variants (compile-time): WEIGHTS_F32 / WEIGHTS_BF16 / WEIGHTS_Q8; GATHERED for expert products, where
-// token t is an (input row, choice) assignment and only assignments that chose `expert` are computed.
+// Variants (compile-time): WEIGHTS_F32 / WEIGHTS_BF16 / WEIGHTS_Q8 / WEIGHTS_Q4 (weights.glsl); GATHERED
+// for expert products, where token t is an (input row, choice) assignment and only assignments that
+// chose `expert` are computed.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -13,7 +14,11 @@ layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
+#if defined(WEIGHTS_Q4)
+layout(std430, binding = 3) readonly buffer Scales { uint scales[]; };  // f16 pairs
+#else
 layout(std430, binding = 3) readonly buffer Scales { float scales[]; };
+#endif
 layout(std430, binding = 4) readonly buffer Ids { int ids[]; };
 
 layout(push_constant) uniform Push {
@@ -29,15 +34,7 @@ layout(push_constant) uniform Push {
 
 const uint kTokens = 8;
 
-float weight_at(uint index, uint row) {
-#if defined(WEIGHTS_BF16)
-  return bf16_at(w[index >> 1], index);
-#elif defined(WEIGHTS_Q8)
-  return int8_at(w[index >> 2], index) * scales[row * ((cols + 31u) / 32u) + (index - row * cols) / 32u];
-#else
-  return uintBitsToFloat(w[index]);
-#endif
-}
+#include "weights.glsl"
 
 void main() {
   const uint first = gl_WorkGroupID.y * kTokens;
@@ -56,7 +53,7 @@ void main() {
 #endif
     if (!any) continue;
     for (uint k = lane; k < cols; k += gl_SubgroupSize) {
-      const float weight = weight_at(row * cols + k, row);
+      const float weight = weight_at(row, k);
       for (uint t = 0u; t < count; ++t) {
 #if defined(GATHERED)
         const uint source_row = top_k > 0u ? (first + t) / top_k : first + t;

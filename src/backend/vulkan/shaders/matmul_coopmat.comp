@@ -2,8 +2,9 @@
 // The tiled product of matmul_tiled.comp on cooperative-matrix hardware: a workgroup of 4 subgroups
 // of 32 computes 64 tokens x 64 rows, each subgroup a 32 x 32 block as 2 x 2 16x16 f32 accumulators,
 // multiplying 16x16x16 f16 tiles that the workgroup converts into shared memory from f32
-// activations and f32 / bf16 / q8 weights. f16 holds bf16 weights exactly, activations to 11 bits;
-// an activation beyond f16's range (65504) would overflow, which normed product inputs do not reach.
+// activations and f32 / bf16 / q8 / q4 weights. f16 holds bf16 weights exactly, activations to 11
+// bits; an activation beyond f16's range (65504) would overflow, which normed product inputs do not
+// reach.
 // GL_NV_cooperative_matrix rather than GL_KHR_cooperative_matrix: the build's glslc (Debian 12,
 // shaderc 2023.2 / glslang 11.13) compiles only the NV extension. The backend uses this shader only
 // where the device lists the 16x16x16 f16 -> f32 subgroup shape and a self-check agrees with the
@@ -19,7 +20,11 @@ layout(local_size_x = 128) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
+#if defined(WEIGHTS_Q4)
+layout(std430, binding = 3) readonly buffer Scales { uint scales[]; };  // f16 pairs
+#else
 layout(std430, binding = 3) readonly buffer Scales { float scales[]; };
+#endif
 
 layout(push_constant) uniform Push {
   uint rows;
@@ -40,16 +45,7 @@ shared float16_t x_tile[kTile * kInPitch];  // [token][k]
 shared float16_t w_tile[kTile * kInPitch];  // [row][k]
 shared float y_tile[kTile * kOutPitch];     // [token][row]
 
-float weight_at(uint row, uint k) {
-  const uint index = row * cols + k;
-#if defined(WEIGHTS_BF16)
-  return bf16_at(w[index >> 1], index);
-#elif defined(WEIGHTS_Q8)
-  return int8_at(w[index >> 2], index) * scales[row * ((cols + 31u) / 32u) + k / 32u];
-#else
-  return uintBitsToFloat(w[index]);
-#endif
-}
+#include "weights.glsl"
 
 void main() {
   const uint local = gl_LocalInvocationID.x;

@@ -3,7 +3,8 @@
 // tokens x 64 rows, 4 x 4 outputs per invocation, staging 32-wide k slices of x and W in shared
 // memory, so each weight element is read from memory once per 64 tokens (the GEMV of matmul.comp
 // reads it once per 8). Uses no subgroup operations: any subgroup size works.
-// Variants (compile-time): WEIGHTS_F32 / WEIGHTS_BF16 / WEIGHTS_Q8, decoded as matmul.comp does.
+// Variants (compile-time): WEIGHTS_F32 / WEIGHTS_BF16 / WEIGHTS_Q8 / WEIGHTS_Q4, decoded as matmul.comp
+// does (weights.glsl).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -11,7 +12,11 @@ layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
+#if defined(WEIGHTS_Q4)
+layout(std430, binding = 3) readonly buffer Scales { uint scales[]; };  // f16 pairs
+#else
 layout(std430, binding = 3) readonly buffer Scales { float scales[]; };
+#endif
 
 layout(push_constant) uniform Push {
   uint rows;         // rows of this chunk
@@ -30,16 +35,7 @@ const uint kLanes = kTile / kBlock;       // 16 x 16 invocations
 shared float x_tile[kStep][kTile + 1u];
 shared float w_tile[kStep][kTile + 1u];
 
-float weight_at(uint row, uint k) {
-  const uint index = row * cols + k;
-#if defined(WEIGHTS_BF16)
-  return bf16_at(w[index >> 1], index);
-#elif defined(WEIGHTS_Q8)
-  return int8_at(w[index >> 2], index) * scales[row * ((cols + 31u) / 32u) + k / 32u];
-#else
-  return uintBitsToFloat(w[index]);
-#endif
-}
+#include "weights.glsl"
 
 void main() {
   const uint local = gl_LocalInvocationID.x;
