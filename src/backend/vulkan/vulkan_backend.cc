@@ -59,20 +59,15 @@ int format_offset(WeightFormat format) {
 }
 
 // q4 as the shaders read it (weights.glsl): each row's values in order, 8 nibbles per 32-bit word, the
-// lowest first, each q + 8, rows padded to whole blocks of 32 with 8 (zero). `superblocks` is a
-// WeightFormat::kQ4 matrix's rows (core/formats.h), whose addressing is the CPU kernels'.
+// lowest first, each q + 8, rows of whole blocks of 32. `superblocks` is a WeightFormat::kQ4 matrix's
+// rows (core/formats.h), whose addressing is the CPU kernels'.
 std::vector<uint8_t> q4_rows_in_order(const uint8_t* superblocks, int64_t rows, int64_t cols) {
   const int64_t row_bytes = q4_row_bytes(cols);
-  std::vector<uint8_t> ordered(static_cast<size_t>(rows * row_bytes), 0x88);
+  std::vector<uint8_t> ordered(static_cast<size_t>(rows * row_bytes)), codes(static_cast<size_t>(2 * row_bytes));
   for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* source = superblocks + r * row_bytes;
+    kernels::unpack_q4_row(superblocks + r * row_bytes, cols, codes.data());
     uint8_t* target = ordered.data() + r * row_bytes;
-    for (int64_t k = 0; k < cols; ++k) {
-      const Q4NibbleAt at = q4_nibble_at(k, cols);
-      const uint8_t code = at.high ? source[at.byte] >> 4 : source[at.byte] & 0x0f;
-      uint8_t& byte = target[k / 2];
-      byte = k % 2 != 0 ? static_cast<uint8_t>((byte & 0x0f) | (code << 4)) : static_cast<uint8_t>((byte & 0xf0) | code);
-    }
+    for (int64_t j = 0; j < row_bytes; ++j) target[j] = static_cast<uint8_t>(codes[2 * j] | codes[2 * j + 1] << 4);
   }
   return ordered;
 }

@@ -264,31 +264,36 @@ void pack_q4_panels(const uint8_t* nibbles, const uint16_t* half_scales, int64_t
   std::vector<uint8_t> codes(static_cast<size_t>(blocks * kQ4BlockValues));  // q + 8 per value, padding included
   for (int64_t r = first_row; r < end; ++r) {
     const bool real = r < rows;
-    std::fill(codes.begin(), codes.end(), uint8_t{8});  // padding rows: value 0
     if (real) {
-      // The row's superblocks (core/formats.h): value 32 b + 4 c + i of one of n blocks in byte
-      // 4 n (c / 2) + 4 b + i, the high nibble for odd c.
-      const uint8_t* row = nibbles + (r - first_row) * row_bytes;
-      for (int64_t first_block = 0; first_block < blocks; first_block += kQ4SuperblockValues / kQ4BlockValues) {
-        const int64_t n = std::min<int64_t>(blocks - first_block, kQ4SuperblockValues / kQ4BlockValues);
-        const uint8_t* superblock = row + first_block * (kQ4BlockValues / 2);
-        uint8_t* out = codes.data() + first_block * kQ4BlockValues;
-        for (int64_t c = 0; c < 8; c += 2) {
-          for (int64_t b = 0; b < n; ++b) {
-            for (int64_t i = 0; i < 4; ++i) {
-              const uint8_t byte = superblock[4 * n * (c / 2) + 4 * b + i];
-              out[32 * b + 4 * c + i] = byte & 0x0f;
-              out[32 * b + 4 * c + 4 + i] = byte >> 4;
-            }
-          }
-        }
-      }
+      unpack_q4_row(nibbles + (r - first_row) * row_bytes, cols, codes.data());
+    } else {
+      std::fill(codes.begin(), codes.end(), uint8_t{8});  // padding rows: value 0
     }
     uint8_t* row_start = packed + q4_panel_nibble_at(r, 0, cols).byte;  // the row's 4 bytes are 64 bytes apart
     for (int64_t k = 0; k < blocks * kQ4BlockValues; k += 8) {
       for (int64_t j = 0; j < 4; ++j) row_start[k * 8 + j] = static_cast<uint8_t>(codes[k + j] | codes[k + 4 + j] << 4);
     }
     for (int64_t b = 0; b < blocks; ++b) packed_scales[panel_scale_index(r, b, cols)] = real ? half_scales[(r - first_row) * blocks + b] : 0;
+  }
+}
+
+void unpack_q4_row(const uint8_t* row, int64_t cols, uint8_t* codes) {
+  // The row's superblocks (core/formats.h): value 32 b + 4 c + i of one of n blocks in byte
+  // 4 n (c / 2) + 4 b + i, the high nibble for odd c.
+  const int64_t blocks = q4_blocks_per_row(cols);
+  for (int64_t first_block = 0; first_block < blocks; first_block += kQ4SuperblockValues / kQ4BlockValues) {
+    const int64_t n = std::min<int64_t>(blocks - first_block, kQ4SuperblockValues / kQ4BlockValues);
+    const uint8_t* superblock = row + first_block * (kQ4BlockValues / 2);
+    uint8_t* out = codes + first_block * kQ4BlockValues;
+    for (int64_t c = 0; c < 8; c += 2) {
+      for (int64_t b = 0; b < n; ++b) {
+        for (int64_t i = 0; i < 4; ++i) {
+          const uint8_t byte = superblock[4 * n * (c / 2) + 4 * b + i];
+          out[32 * b + 4 * c + i] = byte & 0x0f;
+          out[32 * b + 4 * c + 4 + i] = byte >> 4;
+        }
+      }
+    }
   }
 }
 

@@ -122,6 +122,9 @@ void pack_q8_panels(const int8_t* values, const float* block_scales, int64_t fir
                     int64_t cols, uint8_t* packed, float* packed_scales);
 void pack_q4_panels(const uint8_t* nibbles, const uint16_t* half_scales, int64_t first_row, int64_t row_count, int64_t rows,
                     int64_t cols, uint8_t* packed, uint16_t* packed_scales);
+// One WeightFormat::kQ4 row's codes (q + 8, a byte each) in value order: q4_blocks_per_row(cols) * 32
+// of them, the last block's padding as stored (8, zero, as quantize_q4 writes it).
+void unpack_q4_row(const uint8_t* row, int64_t cols, uint8_t* codes);
 
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;
