@@ -331,6 +331,7 @@ VerifyReport run_verification(const Model& model, const VerifyOptions& options, 
   reference_options.threads = options.threads;
   EngineOptions fast_options;
   fast_options.backend = options.backend;
+  fast_options.device = options.device;
   fast_options.context_tokens = context;
   fast_options.threads = options.threads;
   fast_options.weight_format = options.weight_format;

@@ -133,6 +133,7 @@ std::string greedy_chat_answer(Transformer& transformer, const Tokenizer& tokeni
 
 struct VerifyOptions {
   std::string backend = "cpu";                // the backend under test, against the reference backend
+  int device = -1;                            // its device index (GPU backends; -1 = the backend's choice)
   std::optional<WeightFormat> weight_format;  // default: the checkpoint's dtype (as `run` picks it)
   std::optional<KvFormat> kv_format;          // default: the fast path's (bf16)
   int threads = 0;

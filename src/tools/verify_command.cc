@@ -23,6 +23,7 @@ namespace {
 
 struct VerifyFlags {
   std::string backend = "cpu";
+  int device = -1;
   std::string model_dir;
   std::string dtype;  // "", "f32", "bf16", "q8", "q4"
   std::string kv;     // "", "f32", "bf16"
@@ -146,6 +147,7 @@ int verify(const VerifyFlags& flags) {
   VerifyOptions options;
   options.tensor_parallel = flags.tensor_parallel;
   options.backend = flags.backend;
+  options.device = flags.device;
   if (!flags.dtype.empty()) options.weight_format = parse_weight_format(flags.dtype);
   if (!flags.kv.empty()) options.kv_format = parse_kv_format(flags.kv);
   options.threads = flags.threads;
@@ -207,6 +209,9 @@ Action add_verify_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand("verify", "Compare the fast path with the fp32 reference path and run coherence probes");
   command->add_option("--model", flags->model_dir, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
   command->add_option("--backend", flags->backend, "The backend under test (default cpu)")->check(CLI::IsMember(backend::backend_names()));
+  command->add_option("--device", flags->device,
+                      "GPU backends: the device index of the backend under test (gemma4rt devices lists them; default: the first discrete GPU, then integrated)")
+      ->check(zero_or_more());
   command->add_option("--dtype", flags->dtype, "Weight format of the fast path under test (default: the checkpoint's own)")
       ->check(CLI::IsMember({"f32", "bf16", "q8", "q4"}));
   command->add_option("--kv", flags->kv, "KV cache format of the fast path (default bf16)")->check(CLI::IsMember({"f32", "bf16"}));

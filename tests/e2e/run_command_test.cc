@@ -138,6 +138,10 @@ TEST(VulkanBackend, DeviceChoiceAndRefusals) {
   const CommandResult missing = run_gemma4rt({"run", "--model", model, "--backend", "vulkan", "--device", "99", "--prompt-ids", "2", "--max-tokens", "1"});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find("Vulkan device 99 does not exist"), std::string::npos) << missing.err;
+  // verify takes --device for the backend under test as the other commands do.
+  const CommandResult verify_missing = run_gemma4rt({"verify", "--model", model, "--backend", "vulkan", "--device", "99", "-n", "1"});
+  EXPECT_EQ(verify_missing.exit_code, 1);
+  EXPECT_NE(verify_missing.err.find("Vulkan device 99 does not exist"), std::string::npos) << verify_missing.err;
   const CommandResult sharded = run_gemma4rt({"run", "--model", model, "--backend", "vulkan", "--device", std::to_string(vulkan_test_device()),
                                               "--tp", "2", "--prompt-ids", "2", "--max-tokens", "1"});
   EXPECT_EQ(sharded.exit_code, 1);

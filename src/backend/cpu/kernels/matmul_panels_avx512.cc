@@ -75,7 +75,7 @@ struct Q4Panels {
 constexpr int64_t kDecodePrefetchBytes = 2048, kStepPrefetchBytes = 4096;
 // Panels per cache block in prefill: the block's weights stay in L2 while every token tile passes.
 constexpr int64_t kPrefillBlockBytes = 384 * 1024;
-constexpr int kPrefillTokens = 6, kPrefillPanels = 2, kStepTokens = 8, kDecodePanels = 4;
+constexpr int kPrefillTokens = 6, kPrefillPanels = 2, kStepTokens = 8, kDecodePanels = kPanelDecodeTileRows / kPanelRows;
 
 // What the tiles read of each token: its int8 activations, block scales and prepared superblocks (whose
 // bytes 576 + 4 i of superblock s hold block 16 s + i's -c * sum(x), c = 128 for q8 and 8 for q4).
@@ -227,7 +227,7 @@ void matmul_panels(const MatmulOperands& op, const typename Panels::Scale* weigh
     for (; p + kDecodePanels <= end_panel; p += kDecodePanels) {
       run_tile<Panels, 1, kDecodePanels, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
     }
-    // The rest as one tile (the backend hands out 48 rows at a time: 3 panels).
+    // The rest as one tile (a range that ends with the matrix, or a split off the tiles' multiple).
     switch (end_panel - p) {
       case 3: return run_tile<Panels, 1, 3, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
       case 2: return run_tile<Panels, 1, 2, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
