@@ -13,7 +13,7 @@ constexpr int64_t kMatmulRowsPerTask = 16;
 // Decode steps (up to kernels::kBatchMaxTokens tokens) stream the weights: a thread steals the other's
 // rows in chunks of about this many weight bytes, a multiple of 48 rows (the superblock batch kernels
 // stage outputs 48 rows at a time) or, for weights in panels, of the 64 rows one token's tiles take
-// (chunks of 48 left every other tile with 2 panels: an E2B q4 token measured 5-9% slower).
+// (chunks of 48 rows ran every other tile with 2 panels, which stream slower: docs/benchmarks.md).
 constexpr int64_t kStealChunkBytes = 64 * 1024;
 constexpr int64_t kStealChunkRows = 48;
 // Below this many multiply-adds a matrix product runs on the calling thread: waking the pool costs more.
