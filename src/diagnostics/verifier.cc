@@ -328,15 +328,9 @@ VerifyReport run_verification(const Model& model, const VerifyOptions& options, 
   EngineOptions reference_options;
   reference_options.backend = "reference";
   reference_options.context_tokens = context;
-  reference_options.threads = options.threads;
-  EngineOptions fast_options;
-  fast_options.backend = options.backend;
-  fast_options.device = options.device;
+  reference_options.threads = options.fast.threads;
+  EngineOptions fast_options = options.fast;
   fast_options.context_tokens = context;
-  fast_options.threads = options.threads;
-  fast_options.weight_format = options.weight_format;
-  fast_options.kv_format = options.kv_format;
-  fast_options.tensor_parallel = options.tensor_parallel;
   Transformer reference(model, reference_options);
   Transformer fast(model, fast_options);
 

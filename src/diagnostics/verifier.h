@@ -132,12 +132,9 @@ struct ProbeResult {
 std::string greedy_chat_answer(Transformer& transformer, const Tokenizer& tokenizer, const std::vector<int32_t>& prompt, int max_tokens);
 
 struct VerifyOptions {
-  std::string backend = "cpu";                // the backend under test, against the reference backend
-  int device = -1;                            // its device index (GPU backends; -1 = the backend's choice)
-  std::optional<WeightFormat> weight_format;  // default: the checkpoint's dtype (as `run` picks it)
-  std::optional<KvFormat> kv_format;          // default: the fast path's (bf16)
-  int threads = 0;
-  int tensor_parallel = 1;  // fast path ranks, as threads of this process
+  // The path under test (backend, device, weight and KV formats, threads, in-process tensor-parallel
+  // ranks), against the reference backend with the same threads. Its context is set from the prompts.
+  EngineOptions fast;
   int steps = 32;           // greedy steps per prompt
   int probe_tokens = 64;    // most tokens of a probe's answer
   bool builtin_prompts = true;

@@ -24,8 +24,10 @@ int threads_per_process(int processes_here) {
 
 }  // namespace
 
-void EngineFlags::add_to(CLI::App& command) {
-  command.add_option("--backend", backend, "Where the forward pass runs: cpu (SIMD kernels, the default) or reference (scalar fp32, the verification path; slow)")
+void EngineFlags::add_to(CLI::App& command, TensorParallelRanks ranks) {
+  command.add_option("--backend", backend,
+                     "Where the forward pass runs: cpu (SIMD kernels, the default), reference (scalar fp32, the verification "
+                     "path; slow), or vulkan (a GPU) in builds that have it")
       ->check(CLI::IsMember(backend::backend_names()));
   command.add_option("--dtype", dtype, "Weight format (default: the checkpoint's own, bf16 for real checkpoints; f32 on the reference backend)")
       ->check(CLI::IsMember({"f32", "bf16", "q8", "q4"}));
@@ -33,9 +35,14 @@ void EngineFlags::add_to(CLI::App& command) {
   command.add_flag("--reference", reference, "The same as --backend reference");
   command.add_option("--device", device, "GPU backends: the device index (gemma4rt devices lists them; default: the first discrete GPU, then integrated)")
       ->check(zero_or_more());
-  command.add_option("--threads", threads, "Worker threads (default: one per core this process may use; under mpirun, its share of the machine's)")->check(zero_or_more());
+  const bool threads_only = ranks == TensorParallelRanks::kThreadsOnly;
+  command.add_option("--threads", threads,
+                     threads_only ? "Worker threads (default: one per core this process may use)"
+                                  : "Worker threads (default: one per core this process may use; under mpirun, its share of the machine's)")
+      ->check(zero_or_more());
   command.add_option("--tp", tensor_parallel,
-                     "Tensor-parallel ranks: threads of this process, or the processes of `mpirun -np N` (default 1)")
+                     threads_only ? "Tensor-parallel ranks, as threads of this process (default 1)"
+                                  : "Tensor-parallel ranks: threads of this process, or the processes of `mpirun -np N` (default 1)")
       ->check(CLI::Range(1, 256));
 }
 

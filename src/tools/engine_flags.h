@@ -1,4 +1,5 @@
-// The engine flags every model-running subcommand shares: --backend (--reference), --dtype, --kv, --threads, --tp.
+// The engine flags every model-running subcommand shares: --backend (--reference), --dtype, --kv, --device,
+// --threads, --tp.
 #pragma once
 
 #include <string>
@@ -9,8 +10,12 @@
 
 namespace gemma4rt::tools {
 
+// Whether a command's --tp ranks may be the processes of mpirun, or only threads of this process (verify
+// runs the reference beside them).
+enum class TensorParallelRanks { kThreadsOrProcesses, kThreadsOnly };
+
 struct EngineFlags {
-  std::string dtype;      // "", "f32", "bf16", "q8"
+  std::string dtype;      // "", "f32", "bf16", "q8", "q4"
   std::string kv;         // "", "f32", "bf16"
   std::string backend = "cpu";
   bool reference = false;  // --reference: the same as --backend reference
@@ -18,7 +23,7 @@ struct EngineFlags {
   int device = -1;
   int tensor_parallel = 1;
 
-  void add_to(CLI::App& command);
+  void add_to(CLI::App& command, TensorParallelRanks ranks = TensorParallelRanks::kThreadsOrProcesses);
   // Throws Error for inconsistent choices. Under mpirun (more than one launched process) this process
   // becomes one rank of an MPI group of --tp ranks; `communicator` then owns that connection.
   EngineOptions options(std::unique_ptr<parallel::Communicator>* communicator = nullptr) const;

@@ -11,29 +11,24 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/registry.h"
 #include "core/error.h"
 #include "diagnostics/verifier.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"
 #include "tools/commands.h"
+#include "tools/engine_flags.h"
 
 namespace gemma4rt::tools {
 namespace {
 
 struct VerifyFlags {
-  std::string backend = "cpu";
-  int device = -1;
+  EngineFlags engine;  // the fast path under test
   std::string model_dir;
-  std::string dtype;  // "", "f32", "bf16", "q8", "q4"
-  std::string kv;     // "", "f32", "bf16"
-  int tensor_parallel = 1;
   std::string prompts_file;
   std::vector<std::string> expect;
   int max_tokens = 32;
   int probe_tokens = 64;
   bool no_builtin = false;
-  int threads = 0;
   bool json = false;
 };
 
@@ -139,18 +134,12 @@ nlohmann::json to_json(const VerifyReport& report, const std::string& model_dir)
 }
 
 int verify(const VerifyFlags& flags) {
-  if (flags.tensor_parallel < 1) fail("--tp must be at least 1, got {}", flags.tensor_parallel);
   // The reference runs in this process beside the fast path, so the fast path's ranks are threads here.
   if (parallel::launched_size() > 1) {
     fail("verify runs its --tp ranks as threads of one process; start it without mpirun");
   }
   VerifyOptions options;
-  options.tensor_parallel = flags.tensor_parallel;
-  options.backend = flags.backend;
-  options.device = flags.device;
-  if (!flags.dtype.empty()) options.weight_format = parse_weight_format(flags.dtype);
-  if (!flags.kv.empty()) options.kv_format = parse_kv_format(flags.kv);
-  options.threads = flags.threads;
+  options.fast = flags.engine.options();
   options.steps = flags.max_tokens;
   options.probe_tokens = flags.probe_tokens;
   options.builtin_prompts = !flags.no_builtin;
@@ -208,20 +197,12 @@ Action add_verify_command(CLI::App& app) {
   auto flags = std::make_shared<VerifyFlags>();
   CLI::App* command = app.add_subcommand("verify", "Compare the fast path with the fp32 reference path and run coherence probes");
   command->add_option("--model", flags->model_dir, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
-  command->add_option("--backend", flags->backend, "The backend under test (default cpu)")->check(CLI::IsMember(backend::backend_names()));
-  command->add_option("--device", flags->device,
-                      "GPU backends: the device index of the backend under test (gemma4rt devices lists them; default: the first discrete GPU, then integrated)")
-      ->check(zero_or_more());
-  command->add_option("--dtype", flags->dtype, "Weight format of the fast path under test (default: the checkpoint's own)")
-      ->check(CLI::IsMember({"f32", "bf16", "q8", "q4"}));
-  command->add_option("--kv", flags->kv, "KV cache format of the fast path (default bf16)")->check(CLI::IsMember({"f32", "bf16"}));
-  command->add_option("--tp", flags->tensor_parallel, "Tensor-parallel ranks of the fast path, as threads of this process (default 1)");
+  flags->engine.add_to(*command, TensorParallelRanks::kThreadsOnly);  // the fast path under test
   command->add_option("--prompts", flags->prompts_file, "Extra prompts, one text per line (raw completions, <bos> added)");
   command->add_option("--expect", flags->expect, "Coherence probe PROMPT=TEXT: the chat answer to PROMPT must contain TEXT (repeatable)");
   command->add_option("--max-tokens,-n", flags->max_tokens, "Greedy steps compared per prompt")->check(at_least_one());
   command->add_option("--probe-tokens", flags->probe_tokens, "Most tokens of a probe's answer")->check(at_least_one());
   command->add_flag("--no-builtin", flags->no_builtin, "Skip the built-in prompts (only --prompts and --expect)");
-  command->add_option("--threads", flags->threads, "Worker threads (default: one per core)")->check(zero_or_more());
   command->add_flag("--json", flags->json, "Print one JSON object with every prompt's comparison and every probe");
   return [flags] { return verify(*flags); };
 }

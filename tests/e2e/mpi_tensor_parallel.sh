@@ -35,6 +35,17 @@ else
   status=1
 fi
 
+# verify runs the fp32 reference beside the fast path in one process, so under mpirun it refuses, saying
+# why, instead of running two unconnected copies.
+verify_status=0
+refusal=$("$mpirun" -np 2 "$binary" verify --model "$data/golden/tiny-e2b" --tp 2 -n 1 2>&1 >/dev/null) || verify_status=$?
+if [ "$verify_status" != 0 ] && grep -q "start it without mpirun" <<<"$refusal"; then
+  echo "verify under mpirun -np 2 is refused (exit $verify_status)"
+else
+  echo "verify under mpirun -np 2: exit $verify_status, stderr '$refusal'"
+  status=1
+fi
+
 # The server under mpirun: rank 0 answers HTTP, rank 1 mirrors every engine step. SIGTERM to rank 0
 # drains: a request in flight when the signal arrives still gets every token and mpirun exits 0.
 # SIGTERM to mpirun ends the job (OpenMPI kills the ranks soon after forwarding it).
@@ -106,5 +117,5 @@ for who in mpirun rank0; do
     status=1
   fi
 done
-if [ $status -eq 0 ]; then echo "6 passed, 0 failed"; else echo "some of 6 failed"; fi
+if [ $status -eq 0 ]; then echo "7 passed, 0 failed"; else echo "some of 7 failed"; fi
 exit $status
