@@ -16,6 +16,7 @@
 #include "core/json_input.h"
 #include "engine/transformer.h"
 #include "model/model_shapes.h"
+#include "model/quantized_tensors.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "tokenizer/chat_format.h"
@@ -200,13 +201,19 @@ class Doctor {
         continue;
       }
       ++dtype_counts_[stored->dtype_name];
-      if (stored->shape != spec.shape) {
-        misshaped.push_back(fmt::format("{} is {} (config: {})", name, shape_to_string(stored->shape), shape_to_string(spec.shape)));
+      const std::vector<int64_t> stored_shape = stored_shape_of(stored->dtype_name, spec.shape);
+      if (stored->shape != stored_shape) {
+        misshaped.push_back(fmt::format("{} is {} (config: {}{})", name, shape_to_string(stored->shape), shape_to_string(spec.shape),
+                                        stored_shape != spec.shape ? fmt::format(", stored as {}: {}", stored->dtype_name, shape_to_string(stored_shape)) : ""));
         if (spec.is_attention()) layers_with_wrong_attention.insert(spec.layer);
       }
-      if (stored->dtype_name == "I8") {
+      if (is_quantized_dtype(stored->dtype_name)) {
         needed_.insert(name + "_scale");
-        if (checkpoint_->find(name + "_scale") == nullptr) bad_dtype.push_back(fmt::format("{} is I8 without {}_scale", name, name));
+        if (const std::string problem = block_scales_problem(*checkpoint_, *stored, spec.shape); !problem.empty()) bad_dtype.push_back(problem);
+        if (stored->dtype_name == "U8") {
+          const std::string problem = q4_layout_problem(*stored);
+          if (!problem.empty() && stale_q4_files_.insert(stored->file->string()).second) bad_dtype.push_back(problem);
+        }
       } else if (stored->dtype_name != "F32" && stored->dtype_name != "BF16" && stored->dtype_name != "F16") {
         bad_dtype.push_back(fmt::format("{} has dtype {}", name, stored->dtype_name));
       }
@@ -588,6 +595,7 @@ class Doctor {
   std::string prefix_ = kReleasedKeyPrefix;
   std::set<std::string> needed_;    // stored names the forward pass reads
   std::set<std::string> stale_kv_;  // K/V tensors of KV-shared layers
+  std::set<std::string> stale_q4_files_;  // files of an older q4 layout, reported once each
   std::map<std::string, int> dtype_counts_;
   std::optional<Tokenizer> tokenizer_;
   std::unique_ptr<Model> model_;

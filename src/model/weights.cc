@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "model/model_shapes.h"
+#include "model/quantized_tensors.h"
 
 namespace gemma4rt {
 namespace {
@@ -27,75 +28,38 @@ class TensorResolver {
       return {};
     }
     used_.insert(name);
-    if (stored->dtype_name == "U8") return q4_view(*stored, shape);
-    if (stored->shape != shape) {
-      problems_.push_back(fmt::format("tensor {} has shape {} but the config needs {}", name, shape_to_string(stored->shape),
-                                      shape_to_string(shape)));
+    if (stored->dtype_name == "U8") {
+      const std::string file = stored->file != nullptr ? stored->file->string() : "";
+      if (const std::string problem = q4_layout_problem(*stored); !problem.empty()) {
+        if (old_q4_files_.insert(file).second) problems_.push_back(problem);  // reported once per file
+        return {};
+      }
+    }
+    const std::vector<int64_t> stored_shape = stored_shape_of(stored->dtype_name, shape);
+    if (stored->shape != stored_shape) {
+      problems_.push_back(fmt::format("tensor {} has shape {} but the config needs {}{}", name, shape_to_string(stored->shape),
+                                      shape_to_string(shape),
+                                      stored_shape != shape ? fmt::format(" (stored as {}: {})", stored->dtype_name, shape_to_string(stored_shape)) : ""));
       return {};
+    }
+    if (is_quantized_dtype(stored->dtype_name)) {
+      if (const std::string problem = block_scales_problem(checkpoint_, *stored, shape); !problem.empty()) {
+        problems_.push_back(problem);
+        return {};
+      }
+      used_.insert(name + "_scale");
     }
     try {
       TensorView view = Checkpoint::view(*stored);
-      if (view.dtype == DType::kQ8) attach_q8_scales(view);
+      view.shape = shape;  // q4's view takes the logical shape
+      const StoredTensor* scales = checkpoint_.find(name + "_scale");
+      if (view.dtype == DType::kQ8) view.q8_scales = reinterpret_cast<const float*>(scales->data);
+      if (view.dtype == DType::kQ4) view.q4_scales = reinterpret_cast<const uint16_t*>(scales->data);
       return view;
     } catch (const Error& error) {
       problems_.push_back(error.what());
       return {};
     }
-  }
-
-  // A q8 tensor NAME stores its block scales as F32 tensor NAME_scale: [..., ceil(last dim / 32)].
-  void attach_q8_scales(TensorView& view) {
-    const std::string scale_name = view.name + "_scale";
-    const StoredTensor* scales = checkpoint_.find(scale_name);
-    std::vector<int64_t> expected = view.shape;
-    expected.back() = q8_blocks_per_row(expected.back());
-    if (scales == nullptr) fail("q8 tensor {} has no block scales {}", view.name, scale_name);
-    if (scales->dtype_name != "F32" || scales->shape != expected) {
-      fail("q8 block scales {} must be F32 of shape {}, got {} {}", scale_name, shape_to_string(expected), scales->dtype_name,
-           shape_to_string(scales->shape));
-    }
-    used_.insert(scale_name);
-    view.q8_scales = reinterpret_cast<const float*>(scales->data);
-  }
-
-  // A q4 tensor NAME is U8 [..., q4_row_bytes(last dim)] of nibbles with F16 block scales NAME_scale
-  // [..., ceil(last dim / 32)], in a file whose metadata names the layout; its view takes the config's
-  // (logical) shape.
-  TensorView q4_view(const StoredTensor& stored, const std::vector<int64_t>& shape) {
-    const auto layout = stored.metadata != nullptr ? stored.metadata->find(kQ4LayoutKey) : std::map<std::string, std::string>::const_iterator{};
-    if (stored.metadata == nullptr || layout == stored.metadata->end() || layout->second != kQ4Layout) {
-      const std::string file = stored.file != nullptr ? stored.file->string() : "its file";
-      if (!old_q4_files_.insert(file).second) return {};  // reported once per file
-      problems_.push_back(fmt::format("q4 tensor {}: {} does not say it holds the q4 layout this gemma4rt reads (__metadata__ {} = {}); "
-                                      "it was written by an older gemma4rt quantize: quantize the original checkpoint again",
-                                      stored.name, file, kQ4LayoutKey, kQ4Layout));
-      return {};
-    }
-    std::vector<int64_t> packed = shape;
-    packed.back() = q4_row_bytes(shape.back());
-    if (stored.shape != packed) {
-      problems_.push_back(fmt::format("q4 tensor {} has shape {} but the config's {} packs to {}", stored.name, shape_to_string(stored.shape),
-                                      shape_to_string(shape), shape_to_string(packed)));
-      return {};
-    }
-    const std::string scale_name = stored.name + "_scale";
-    const StoredTensor* scales = checkpoint_.find(scale_name);
-    std::vector<int64_t> expected = shape;
-    expected.back() = q4_blocks_per_row(shape.back());
-    if (scales == nullptr) {
-      problems_.push_back(fmt::format("q4 tensor {} has no block scales {}", stored.name, scale_name));
-      return {};
-    }
-    if (scales->dtype_name != "F16" || scales->shape != expected) {
-      problems_.push_back(fmt::format("q4 block scales {} must be F16 of shape {}, got {} {}", scale_name, shape_to_string(expected),
-                                      scales->dtype_name, shape_to_string(scales->shape)));
-      return {};
-    }
-    used_.insert(scale_name);
-    TensorView view = Checkpoint::view(stored);
-    view.shape = shape;
-    view.q4_scales = reinterpret_cast<const uint16_t*>(scales->data);
-    return view;
   }
 
   const Checkpoint& checkpoint_;

@@ -2,6 +2,7 @@
 // bytes per tensor-parallel rank at every degree, whether it fits, the smallest degree that does, the host
 // memory and the Neuron on-chip-buffer problems with their remedies; with --show-shards, which rank holds
 // which heads, rows, experts and vocabulary rows (parallel/shard_plan.h). --json prints one object.
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <string>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_input.h"
 #include "model/model_shapes.h"
 #include "planning/deployment_plan.h"
 #include "parallel/shard_plan.h"
@@ -27,12 +29,26 @@ struct PlanFlags {
   std::string shape;
   std::string target;
   std::optional<int> tp;
-  std::string dtype = "bf16";
+  std::string dtype;  // "": the checkpoint's own
   std::string context = "4096";  // a number of tokens, or "max" for the model's max_position_embeddings
   int batch = 1;
   bool show_shards = false;
   bool json = false;
 };
+
+// The weight format a checkpoint loads in by default: what `gemma4rt quantize` recorded in its config.json
+// (quantization_config.quant_method gemma4rt_q8 or gemma4rt_q4), else bf16.
+std::string checkpoint_dtype(const std::string& model_dir) {
+  const nlohmann::json config = parse_json_file(std::filesystem::path(model_dir) / "config.json");
+  const nlohmann::json* method = nullptr;
+  if (config.contains("quantization_config") && config["quantization_config"].is_object()) {
+    const nlohmann::json& quantization = config["quantization_config"];
+    if (quantization.contains("quant_method")) method = &quantization["quant_method"];
+  }
+  if (method != nullptr && *method == "gemma4rt_q8") return "q8";
+  if (method != nullptr && *method == "gemma4rt_q4") return "q4";
+  return "bf16";
+}
 
 std::string gb(int64_t bytes) { return fmt::format("{:.2f} GB", static_cast<double>(bytes) / 1e9); }
 // Instance memory the way AWS quotes it.
@@ -134,7 +150,7 @@ int plan(const PlanFlags& flags) {
   std::optional<DeploymentPlan> deployment;
   if (!flags.target.empty()) {
     planning::PlanOptions options;
-    options.dtype = planning::parse_weight_dtype(flags.dtype);
+    options.dtype = planning::parse_weight_dtype(!flags.dtype.empty() ? flags.dtype : flags.model_dir.empty() ? "bf16" : checkpoint_dtype(flags.model_dir));
     options.context_tokens = context_tokens(flags.context, config);
     options.batch = flags.batch;
     options.tp = flags.tp;
@@ -176,7 +192,7 @@ Action add_plan_command(CLI::App& app) {
   command->add_option("--target", flags->target, "Where it should run: " + targets);
   command->add_option("--tp", flags->tp, "Tensor-parallel degree to judge or to show shards for (default: the smallest that fits)")
       ->check(at_least_one());
-  command->add_option("--dtype", flags->dtype, "Weight dtype: bf16 (default, the checkpoint's), f32 (KV cache f32 too), q8 or q4")
+  command->add_option("--dtype", flags->dtype, "Weight dtype: bf16, f32 (KV cache f32 too), q8 or q4 (default: the checkpoint's own, bf16 for real checkpoints and --shape)")
       ->check(CLI::IsMember({"f32", "fp32", "bf16", "q8", "q4"}));
   command->add_option("--ctx", flags->context,
                       "Context tokens per sequence (default 4096, as run and serve), or max for the model's longest");

@@ -338,6 +338,13 @@ TEST_P(QuantizeCommand, WrittenCheckpointMatchesQuantisingAtLoad) {
     EXPECT_NE(refused.err.find("gemma4rt_q4_layout"), std::string::npos) << refused.err;
     EXPECT_NE(refused.err.find("model.safetensors"), std::string::npos) << refused.err;
   }
+  // plan sizes a quantised checkpoint in its own format unless told otherwise.
+  const CommandResult plan = run_gemma4rt({"plan", "--model", out.string(), "--target", "cpu:64", "--json"});
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_EQ(nlohmann::json::parse(plan.out)["options"]["dtype"], dtype) << plan.out;
+  const CommandResult plan_bf16 = run_gemma4rt({"plan", "--model", out.string(), "--target", "cpu:64", "--json", "--dtype", "bf16"});
+  ASSERT_EQ(plan_bf16.exit_code, 0) << plan_bf16.err;
+  EXPECT_EQ(nlohmann::json::parse(plan_bf16.out)["options"]["dtype"], "bf16") << plan_bf16.out;
   // A quantised checkpoint is not quantised again.
   const CommandResult again = run_gemma4rt({"quantize", "--model", out.string(), "--out", out.string() + "-again", "--dtype", dtype, "--force"});
   EXPECT_NE(again.exit_code, 0);

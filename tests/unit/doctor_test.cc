@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -285,6 +286,68 @@ TEST(Doctor, RealTokenizerOnAMismatchedCheckpoint) {
   // The golden config lists only <eos>: chat answers would not stop at <turn|>.
   EXPECT_TRUE(check_line(out, "eos ids").starts_with("WARN  ")) << out;
 }
+
+// Checkpoints written by `quantize` pass doctor; broken block scales or an older q4 layout fail both
+// doctor (naming the tensor or the file) and the loader (one clear error line).
+class DoctorQuantized : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DoctorQuantized, PassesOnQuantizedCopyAndNamesBrokenScales) {
+  const std::string dtype = GetParam();
+  const bool q4 = dtype == "q4";
+  const auto quantized = fresh_work_dir("doctor/quantized-" + dtype);
+  const CommandResult written =
+      run_gemma4rt({"quantize", "--model", (kModels / "tiny-e2b").string(), "--out", quantized.string(), "--dtype", dtype, "--force"});
+  ASSERT_EQ(written.exit_code, 0) << written.err;
+  const CommandResult clean = run_gemma4rt({"doctor", "--model", quantized.string()});
+  EXPECT_EQ(clean.exit_code, 0) << clean.out << clean.err;
+  EXPECT_EQ(clean.out.find("FAIL  "), std::string::npos) << clean.out;
+  EXPECT_EQ(clean.out.find("WARN  "), std::string::npos) << clean.out;
+  EXPECT_TRUE(check_line(clean.out, "tensors").starts_with("PASS  ")) << clean.out;
+
+  const std::string gate = kPrefix + "layers.2.mlp.gate_proj.weight";
+  auto broken = [&](const std::string& name, const std::function<void(SafetensorsImage&)>& edit) {
+    const auto dir = broken_copy("quantized-" + dtype + "-" + name, quantized);
+    SafetensorsImage::edit(dir / "model.safetensors", edit);
+    return dir;
+  };
+  auto expect_load_failure = [](const std::filesystem::path& dir, const std::vector<std::string>& needles) {
+    const CommandResult result = run_gemma4rt({"run", "--model", dir.string(), "--prompt-ids", "2,17", "--max-tokens", "1"});
+    EXPECT_EQ(result.exit_code, 1) << result.err;
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+    for (const auto& needle : needles) EXPECT_NE(result.err.find(needle), std::string::npos) << "missing '" << needle << "' in: " << result.err;
+  };
+
+  const auto missing = broken("scales-missing", [&](SafetensorsImage& image) { image.header.erase(gate + "_scale"); });
+  expect_doctor_failure(missing, "tensors", {gate + "_scale", "no block scales"});
+  expect_load_failure(missing, {gate + "_scale", "no block scales"});
+
+  // Another dtype of the same width, so the file itself stays valid.
+  const std::string other_dtype = q4 ? "BF16" : "I32";
+  const auto wrong_dtype = broken("scales-dtype", [&](SafetensorsImage& image) { image.header[gate + "_scale"]["dtype"] = other_dtype; });
+  expect_doctor_failure(wrong_dtype, "tensors", {gate + "_scale", q4 ? "must be F16" : "must be F32", other_dtype});
+  expect_load_failure(wrong_dtype, {gate + "_scale", q4 ? "must be F16" : "must be F32", other_dtype});
+
+  // A matrix stored one block narrower than the config gives.
+  const auto narrow = broken("narrow", [&](SafetensorsImage& image) {
+    auto& shape = image.header[gate]["shape"];
+    const int64_t bytes = shape[1].get<int64_t>() - (q4 ? 16 : 32);
+    shape[1] = bytes;
+    auto& offsets = image.header[gate]["data_offsets"];
+    offsets[1] = offsets[0].get<int64_t>() + shape[0].get<int64_t>() * bytes;
+  });
+  expect_doctor_failure(narrow, "tensors", {gate, q4 ? "stored as U8" : "config"});
+  expect_load_failure(narrow, {gate, "the config needs"});
+
+  if (q4) {
+    const auto older = broken("older-layout", [](SafetensorsImage& image) { image.header["__metadata__"]["gemma4rt_q4_layout"] = "nibble-groups64"; });
+    const std::string out = expect_doctor_failure(older, "tensors", {"model.safetensors", "gemma4rt_q4_layout", "quantize the original checkpoint again"});
+    EXPECT_EQ(check_line(out, "tensors").find("q4 tensor", check_line(out, "tensors").find("q4 tensor") + 1), std::string::npos)
+        << "one line per file, not per tensor: " << out;
+    expect_load_failure(older, {"model.safetensors", "gemma4rt_q4_layout"});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, DoctorQuantized, ::testing::Values("q8", "q4"), string_param_name);
 
 // Library level: the report and the effective parameter definition.
 TEST(DoctorLibrary, ReportNamesEveryCheckOnce) {
