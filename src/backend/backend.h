@@ -208,7 +208,8 @@ class Backend {
   // out[i] = source[row_ids[i]] for i < rows; row_ids int32.
   virtual void gather_rows(Buffer source, Buffer row_ids, int rows, int width, Buffer out) = 0;
   virtual void softcap(Buffer values, int64_t count, float cap) = 0;   // v = tanh(v / cap) * cap
-  // ids[r] = the index of row r's largest value (the lowest on ties); ids int32.
+  // ids[r] = the index of row r's largest value (the lowest on ties, NaN never chosen), or -1 when the
+  // row has nothing above -inf (a broken forward pass: all NaN); ids int32.
   virtual void argmax(Buffer values, int rows, int width, Buffer ids) = 0;
   // out[r] = log(sum_i exp(values[r][i])): the log of the softmax normaliser of row r, so that a token's
   // log-probability is its value minus out[r] (logprobs without reading the row on the host).

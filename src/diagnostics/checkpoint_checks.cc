@@ -212,7 +212,8 @@ class Doctor {
         if (const std::string problem = block_scales_problem(*checkpoint_, *stored, spec.shape); !problem.empty()) bad_dtype.push_back(problem);
         if (stored->dtype_name == "U8") {
           const std::string problem = q4_layout_problem(*stored);
-          if (!problem.empty() && stale_q4_files_.insert(stored->file->string()).second) bad_dtype.push_back(problem);
+          const std::string file = stored->file != nullptr ? stored->file->string() : "";
+          if (!problem.empty() && stale_q4_files_.insert(file).second) bad_dtype.push_back(problem);
         }
       } else if (stored->dtype_name != "F32" && stored->dtype_name != "BF16" && stored->dtype_name != "F16") {
         bad_dtype.push_back(fmt::format("{} has dtype {}", name, stored->dtype_name));

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/argmax.h"
+#include "core/error.h"
 
 namespace gemma4rt {
 
@@ -32,16 +34,27 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(argmax_of(logits.data(), static_cast<int64_t>(logits.size())));
 }
 
+namespace {
+
+// The argmax of a row that has a value above -inf; a row of NaN (a broken forward pass) is an error.
+int32_t checked_argmax(std::span<const float> logits) {
+  const int32_t best = argmax(logits);
+  if (logits.empty() || !(logits[static_cast<size_t>(best)] > -std::numeric_limits<float>::infinity())) fail("{}", kNoFiniteLogitError);
+  return best;
+}
+
+}  // namespace
+
 Sampler::Sampler(const SamplingOptions& options) : options_(options), random_(options.seed) {}
 
 int32_t Sampler::sample(std::span<const float> logits) {
-  if (options_.greedy()) return argmax(logits);
+  if (options_.greedy()) return checked_argmax(logits);
 
   candidates_.clear();
   for (size_t i = 0; i < logits.size(); ++i) {
     if (std::isfinite(logits[i])) candidates_.emplace_back(logits[i] / options_.temperature, static_cast<int32_t>(i));
   }
-  if (candidates_.empty()) return argmax(logits);
+  if (candidates_.empty()) return checked_argmax(logits);  // +inf, or nothing to choose
   // Highest first; equal logits keep id order, so which tokens a cut keeps never depends on a sort's
   // stability. Only what a filter needs is ordered: sorting a 262,144-token vocabulary for every
   // sampled token cost more than a tenth of a decode step.

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "backend/registry.h"
+#include "core/argmax.h"
 #include "core/error.h"
 #include "planning/deployment_plan.h"
 
@@ -495,6 +496,7 @@ void Transformer::step(std::span<const BatchRow> rows, std::span<const int32_t> 
   if (wanted == 0) return;
   if (greedy) {
     device.download(ids_, 0, output.ids, static_cast<size_t>(wanted) * sizeof(int32_t));
+    if (std::any_of(output.ids, output.ids + wanted, [](int32_t id) { return id < 0; })) fail("{}", kNoFiniteLogitError);
   } else {
     device.download(logits_, 0, output.logits, static_cast<size_t>(wanted) * config_.vocab_size * sizeof(float));
     if (output.log_normalisers) device.download(log_normalisers_, 0, output.log_normalisers, static_cast<size_t>(wanted) * sizeof(float));

@@ -117,6 +117,20 @@ TEST(BadInput, SizeDisagreesWithShape) {
   expect_clear_failure(dir, {"model.safetensors", kPrefix + "norm.weight", "bytes"});
 }
 
+// NaN weights (all bits set is NaN in f32 and bf16) leave no finite logit: an error on every decoding
+// path (the device's argmax, sampling, logprobs; CPU and reference backends), not id 0 over and over.
+TEST(BadInput, NanWeightsAreAnErrorNotTokens) {
+  const auto dir = copy_with_header_edit("nan_weights", [](SafetensorsImage& image) {
+    const auto& offsets = image.header[kPrefix + "layers.1.mlp.down_proj.weight"]["data_offsets"];
+    std::fill(image.data.begin() + offsets[0].get<int64_t>(), image.data.begin() + offsets[1].get<int64_t>(), '\xff');
+  });
+  for (const std::vector<std::string>& extra : std::vector<std::vector<std::string>>{
+           {}, {"--temperature", "0.8"}, {"--logprobs", "2"}, {"--reference"}, {"--dtype", "q8"}}) {
+    SCOPED_TRACE(extra.empty() ? "greedy" : extra[0]);
+    expect_clear_failure(dir, {"no finite logit", "NaN", "gemma4rt doctor"}, extra);
+  }
+}
+
 TEST(BadInput, MissingLayerScalarIsAnErrorNotOne) {
   const auto dir = copy_with_header_edit("missing_layer_scalar", [](SafetensorsImage& image) {
     image.header.erase(kPrefix + "layers.7.layer_scalar");

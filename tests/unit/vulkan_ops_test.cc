@@ -232,24 +232,28 @@ TEST_F(VulkanOps, ElementwiseOps) {
     EXPECT_EQ(result, (std::vector<int32_t>{17, 0})) << device->name();
   }
   // As the host's argmax_of: NaN is never chosen (here the first value of several lanes, which a lane
-  // once took unconditionally), a row of -inf gives 0, +inf wins.
+  // once took unconditionally), +inf wins. A row with nothing above -inf (a broken forward pass: all NaN,
+  // or -inf) gives the host's argmax_of 0, and every backend's argmax op -1 (Backend::argmax), which the
+  // engine reports instead of decoding token 0.
   const float nan = std::numeric_limits<float>::quiet_NaN(), infinity = std::numeric_limits<float>::infinity();
-  std::vector<float> special(4 * 1000, 2.0f);
+  std::vector<float> special(5 * 1000, 2.0f);
   for (int i = 0; i < 64; i += 3) special[i] = nan;  // row 0: the largest value sits behind NaNs
   special[128] = 3.0f;
   std::fill(special.begin() + 1000, special.begin() + 2000, -infinity);  // row 1: nothing above -inf
-  std::fill(special.begin() + 2000, special.begin() + 3000, nan);        // row 2: all NaN
+  std::fill(special.begin() + 2000, special.begin() + 3000, nan);        // row 2: all NaN but one
   special[2000 + 700] = -5.0f;
   special[3000 + 999] = infinity;  // row 3
   special[3000 + 5] = nan;
-  const std::vector<int32_t> expected = {128, 0, 700, 999};
-  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(argmax_of(special.data() + 1000 * r, 1000), expected[r]) << "host row " << r;
-  for (Backend* device : {reference_.get(), vulkan_.get()}) {
-    const Buffer ids = device->allocate(4 * sizeof(int32_t));
-    device->argmax(device->upload_constant(special), 4, 1000, ids);
-    std::vector<int32_t> result(4);
-    device->download(ids, 0, result.data(), sizeof(int32_t) * 4);
-    EXPECT_EQ(result, expected) << device->name();
+  std::fill(special.begin() + 4000, special.begin() + 5000, nan);  // row 4: all NaN
+  const std::vector<int32_t> host_expected = {128, 0, 700, 999, 0}, device_expected = {128, -1, 700, 999, -1};
+  for (int64_t r = 0; r < 5; ++r) EXPECT_EQ(argmax_of(special.data() + 1000 * r, 1000), host_expected[r]) << "host row " << r;
+  const auto cpu = backend::make_backend({"cpu", 1});
+  for (Backend* device : {cpu.get(), reference_.get(), vulkan_.get()}) {
+    const Buffer ids = device->allocate(5 * sizeof(int32_t));
+    device->argmax(device->upload_constant(special), 5, 1000, ids);
+    std::vector<int32_t> result(5);
+    device->download(ids, 0, result.data(), sizeof(int32_t) * 5);
+    EXPECT_EQ(result, device_expected) << device->name();
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "backend/host/bandwidth.h"
 #include "backend/host/compute_peak.h"
@@ -362,7 +363,11 @@ void HostBackend::softcap(Buffer values, int64_t count, float cap) { softcap_spa
 
 void HostBackend::argmax(Buffer values, int rows, int width, Buffer ids) {
   for_rows(rows, width, [&](int64_t first, int64_t last, int) {
-    for (int64_t row = first; row < last; ++row) data<int32_t>(ids)[row] = static_cast<int32_t>(argmax_span(data(values) + row * width, width));
+    for (int64_t row = first; row < last; ++row) {
+      const float* row_values = data(values) + row * width;
+      const int64_t best = argmax_span(row_values, width);
+      data<int32_t>(ids)[row] = width > 0 && row_values[best] > -std::numeric_limits<float>::infinity() ? static_cast<int32_t>(best) : -1;
+    }
   });
 }
 

@@ -1,7 +1,7 @@
 #version 450
 // ids[row] = the index of the row's largest value, the lowest index on ties, as the host's argmax_of
-// (core/argmax.h) picks it: a NaN is never chosen, and a row with nothing above -inf gives 0. One
-// workgroup per row.
+// (core/argmax.h) picks it: a NaN is never chosen; a row with nothing above -inf gives -1 (Backend::argmax).
+// One workgroup per row.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Values { float values[]; };
 layout(std430, binding = 1) buffer Ids { int ids[]; };
@@ -38,5 +38,5 @@ void main() {
     }
     barrier();
   }
-  if (lane == 0u) ids[row] = best_index[0] == kNone ? 0 : int(best_index[0]);
+  if (lane == 0u) ids[row] = best_index[0] == kNone ? -1 : int(best_index[0]);
 }
