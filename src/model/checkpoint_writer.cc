@@ -335,7 +335,7 @@ uint64_t checkpoint_disk_bytes(const CheckpointPlan& plan) {
   return plan.file_bytes + json_allowance;
 }
 
-void check_free_space(const std::filesystem::path& dir, uint64_t bytes_needed) {
+void check_free_space(const std::filesystem::path& dir, uint64_t bytes_needed, bool replaced_files_count) {
   std::filesystem::path probe = std::filesystem::absolute(dir);
   std::error_code error;
   while (!std::filesystem::exists(probe, error) && probe.has_parent_path() && probe != probe.parent_path()) {
@@ -344,7 +344,7 @@ void check_free_space(const std::filesystem::path& dir, uint64_t bytes_needed) {
   const std::filesystem::space_info space = std::filesystem::space(probe, error);
   if (error) fail("{}: cannot query free disk space: {}", probe.string(), error.message());
   uint64_t reclaimable = 0;
-  for (const auto& file : replaced_checkpoint_files(dir)) {
+  for (const auto& file : replaced_files_count ? replaced_checkpoint_files(dir) : std::vector<std::filesystem::path>{}) {
     const auto size = std::filesystem::file_size(file, error);
     if (!error) reclaimable += size;
   }

@@ -77,7 +77,8 @@ CheckpointSummary write_random_checkpoint(const nlohmann::json& config_json, con
 uint64_t checkpoint_disk_bytes(const CheckpointPlan& plan);
 
 // Throws Error when the filesystem holding `dir` (or its nearest existing parent) cannot take
-// `bytes_needed` more bytes, counting checkpoint files in `dir` that a write would replace as free.
-void check_free_space(const std::filesystem::path& dir, uint64_t bytes_needed);
+// `bytes_needed` more bytes, counting checkpoint files in `dir` that a write would replace as free
+// unless the writer keeps them until it is done (`replaced_files_count` false).
+void check_free_space(const std::filesystem::path& dir, uint64_t bytes_needed, bool replaced_files_count = true);
 
 }  // namespace gemma4rt

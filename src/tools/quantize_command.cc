@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "backend/cpu/kernels/matmul.h"
+#include "model/checkpoint_writer.h"
 #include "model/weights.h"
 #include "tools/commands.h"
 
@@ -40,8 +41,15 @@ int quantize(const QuantizeFlags& flags) {
   const WeightFormat format = *parsed;
   const bool q4 = format == WeightFormat::kQ4;
   const std::filesystem::path out(flags.out_dir);
+  if (std::filesystem::exists(out) && !std::filesystem::is_directory(out)) fail("{}: exists and is not a directory", out.string());
   if (std::filesystem::exists(out) && !std::filesystem::is_empty(out) && !flags.force) {
     fail("{}: exists and is not empty (use --force to replace)", out.string());
+  }
+  // The copy is written beside the checkpoint being read, never over it: its files are mapped while
+  // the copy is written, and the copy must not replace the weights it came from.
+  std::error_code same_error;
+  if (std::filesystem::exists(out) && std::filesystem::equivalent(out, flags.model_dir, same_error)) {
+    fail("--out {} is the checkpoint being read ({}): write the quantised copy to another directory", flags.out_dir, flags.model_dir);
   }
   auto model = Model::load(flags.model_dir);
   const ModelWeights& weights = model->weights();
@@ -105,10 +113,22 @@ int quantize(const QuantizeFlags& flags) {
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 
+  // Written to a temporary name and renamed when complete: a failure (a value q4 cannot hold, a full
+  // disk) leaves what --out held before, and no half-written checkpoint. Both files exist until then.
+  check_free_space(out, 8 + header_text.size() + offset, false);
   std::filesystem::create_directories(out);
   const auto file_path = out / "model.safetensors";
-  std::ofstream file(file_path, std::ios::binary | std::ios::trunc);
-  if (!file) fail("{}: cannot create", file_path.string());
+  const auto partial_path = out / "model.safetensors.partial";
+  struct RemoveUnlessKept {
+    std::filesystem::path path;
+    bool kept = false;
+    ~RemoveUnlessKept() {
+      std::error_code ignored;
+      if (!kept) std::filesystem::remove(path, ignored);
+    }
+  } partial{partial_path};
+  std::ofstream file(partial_path, std::ios::binary | std::ios::trunc);
+  if (!file) fail("{}: cannot create", partial_path.string());
   const uint64_t header_size = header_text.size();
   file.write(reinterpret_cast<const char*>(&header_size), 8);
   file.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
@@ -154,8 +174,10 @@ int quantize(const QuantizeFlags& flags) {
     progress.update(written);
   }
   progress.finish();
-  if (!file) fail("{}: write failed (disk full?)", file_path.string());
   file.close();
+  if (!file) fail("{}: write failed (disk full?)", partial_path.string());
+  std::filesystem::rename(partial_path, file_path);
+  partial.kept = true;
 
   // The small files travel along; config.json records how the weights are stored.
   for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"}) {

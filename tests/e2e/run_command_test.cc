@@ -353,6 +353,40 @@ TEST_P(QuantizeCommand, WrittenCheckpointMatchesQuantisingAtLoad) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizeCommand, ::testing::Values("q8", "q4"), string_param_name);
 
+// quantize never writes over the checkpoint it reads (however --out is spelled), and a failure part-way
+// (here a value q4's f16 scales cannot hold) leaves --out as it was, with no half-written file.
+TEST(QuantizeCommandRefusals, KeepsTheSourceAndTheOutputIntact) {
+  const auto source = fresh_work_dir("quantize-refusals/source");
+  copy_checkpoint(kModels / "tiny-e2b", source);
+  const std::string source_bytes = read_text_file(source / "model.safetensors");
+  for (const std::string& out : {source.string(), source.string() + "/", (source / ".").string()}) {
+    const CommandResult same = run_gemma4rt({"quantize", "--model", source.string(), "--out", out, "--dtype", "q4", "--force"});
+    EXPECT_EQ(same.exit_code, 1) << out;
+    EXPECT_NE(same.err.find("is the checkpoint being read"), std::string::npos) << same.err;
+  }
+  EXPECT_TRUE(read_text_file(source / "model.safetensors") == source_bytes) << "the source checkpoint changed";
+
+  const auto out = fresh_work_dir("quantize-refusals/out");
+  ASSERT_EQ(run_gemma4rt({"quantize", "--model", source.string(), "--out", out.string(), "--dtype", "q8", "--force"}).exit_code, 0);
+  const std::string written = read_text_file(out / "model.safetensors");
+  const auto huge = fresh_work_dir("quantize-refusals/huge");
+  copy_checkpoint(source, huge);
+  const std::string down = "model.language_model.layers.1.mlp.down_proj.weight";
+  SafetensorsImage::edit(huge / "model.safetensors", [&](SafetensorsImage& image) {
+    ASSERT_EQ(image.header[down]["dtype"], "BF16");
+    const size_t at = image.header[down]["data_offsets"][0].get<size_t>();
+    image.data[at] = '\x7f', image.data[at + 1] = '\x7f';  // bf16 3.4e38: its q4 scale overflows an f16
+  });
+  const CommandResult failed = run_gemma4rt({"quantize", "--model", huge.string(), "--out", out.string(), "--dtype", "q4", "--force"});
+  EXPECT_EQ(failed.exit_code, 1) << failed.err;
+  EXPECT_NE(failed.err.find(down), std::string::npos) << failed.err;
+  EXPECT_TRUE(read_text_file(out / "model.safetensors") == written) << "the earlier output changed";
+  EXPECT_FALSE(std::filesystem::exists(out / "model.safetensors.partial"));
+  const CommandResult still = run_gemma4rt({"run", "--model", out.string(), "--chat", "What is the capital of France?", "--max-tokens", "12"});
+  EXPECT_EQ(still.exit_code, 0) << still.err;
+  EXPECT_NE(still.out.find("Paris"), std::string::npos) << still.out;
+}
+
 }  // namespace
 }  // namespace gemma4rt::testing
 
