@@ -84,8 +84,11 @@ int make_model(const MakeModelFlags& flags) {
 
   if (!flags.tokenizer_file.empty()) {
     const auto target = out_dir / "tokenizer.json";
-    std::filesystem::copy_file(flags.tokenizer_file, target, std::filesystem::copy_options::overwrite_existing, error);
-    if (error) fail("{}: cannot copy the tokenizer: {}", target.string(), error.message());
+    // A --tokenizer already at its place in --out stays as it is (copying a file onto itself fails).
+    if (!std::filesystem::equivalent(flags.tokenizer_file, target, error)) {
+      std::filesystem::copy_file(flags.tokenizer_file, target, std::filesystem::copy_options::overwrite_existing, error);
+      if (error) fail("{}: cannot copy the tokenizer: {}", target.string(), error.message());
+    }
     summary.files.push_back(target);
     summary.bytes_written += tokenizer_bytes;
   }

@@ -668,6 +668,11 @@ TEST(MakeModelCommand, WritesAConfigsCheckpointThatRuns) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_FALSE(std::filesystem::exists(out / "model.safetensors.index.json"));
   EXPECT_NO_THROW(Model::load(out));
+  // A --tokenizer that already sits in --out is kept as it is (a copy onto itself once failed).
+  result = run_gemma4rt({"make-model", "--config", config_path.string(), "--force", "--tokenizer", (out / "tokenizer.json").string(),
+                         "--out", out.string()});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(read_text_file(out / "tokenizer.json"), read_text_file(tokenizer_path));
 
   std::filesystem::remove(out / "tokenizer.json");  // not a real tokenizer; --prompt-ids needs none
   result = run_gemma4rt({"run", "--model", out.string(), "--prompt-ids", "2,100,200", "--max-tokens", "1", "--json"});
