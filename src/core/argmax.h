@@ -4,10 +4,17 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace gemma4rt {
 
 int64_t argmax_of(const float* values, int64_t size);
+
+// `best` (argmax_of's choice, or a backend's that agrees with it) when the row has a value above -inf;
+// -1 when it has none (every value NaN or -inf): no token can be chosen.
+inline int64_t chosen_or_none(const float* values, int64_t size, int64_t best) {
+  return size > 0 && values[best] > -std::numeric_limits<float>::infinity() ? best : -1;
+}
 
 // A row of logits with nothing above -inf (every value NaN, or -inf) gives no token: the forward pass
 // broke, usually on NaN or inf weights. Said instead of decoding id 0 over and over.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "core/argmax.h"
 #include "core/error.h"
@@ -38,9 +37,10 @@ namespace {
 
 // The argmax of a row that has a value above -inf; a row of NaN (a broken forward pass) is an error.
 int32_t checked_argmax(std::span<const float> logits) {
-  const int32_t best = argmax(logits);
-  if (logits.empty() || !(logits[static_cast<size_t>(best)] > -std::numeric_limits<float>::infinity())) fail("{}", kNoFiniteLogitError);
-  return best;
+  const auto size = static_cast<int64_t>(logits.size());
+  const int64_t best = chosen_or_none(logits.data(), size, argmax_of(logits.data(), size));
+  if (best < 0) fail("{}", kNoFiniteLogitError);
+  return static_cast<int32_t>(best);
 }
 
 }  // namespace

@@ -42,17 +42,18 @@ class TensorResolver {
                                       stored_shape != shape ? fmt::format(" (stored as {}: {})", stored->dtype_name, shape_to_string(stored_shape)) : ""));
       return {};
     }
+    const StoredTensor* scales = nullptr;  // a quantised tensor's, checked by block_scales_problem
     if (is_quantized_dtype(stored->dtype_name)) {
       if (const std::string problem = block_scales_problem(checkpoint_, *stored, shape); !problem.empty()) {
         problems_.push_back(problem);
         return {};
       }
-      used_.insert(name + "_scale");
+      scales = checkpoint_.find(name + "_scale");
+      used_.insert(scales->name);
     }
     try {
       TensorView view = Checkpoint::view(*stored);
       view.shape = shape;  // q4's view takes the logical shape
-      const StoredTensor* scales = checkpoint_.find(name + "_scale");
       if (view.dtype == DType::kQ8) view.q8_scales = reinterpret_cast<const float*>(scales->data);
       if (view.dtype == DType::kQ4) view.q4_scales = reinterpret_cast<const uint16_t*>(scales->data);
       return view;

@@ -176,7 +176,9 @@ int quantize(const QuantizeFlags& flags) {
   progress.finish();
   file.close();
   if (!file) fail("{}: write failed (disk full?)", partial_path.string());
-  std::filesystem::rename(partial_path, file_path);
+  std::error_code rename_error;
+  std::filesystem::rename(partial_path, file_path, rename_error);
+  if (rename_error) fail("{}: cannot replace it with {}: {}", file_path.string(), partial_path.string(), rename_error.message());
   partial.kept = true;
 
   // The small files travel along; config.json records how the weights are stored.

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "backend/host/bandwidth.h"
 #include "backend/host/compute_peak.h"
+#include "core/argmax.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
@@ -365,8 +365,7 @@ void HostBackend::argmax(Buffer values, int rows, int width, Buffer ids) {
   for_rows(rows, width, [&](int64_t first, int64_t last, int) {
     for (int64_t row = first; row < last; ++row) {
       const float* row_values = data(values) + row * width;
-      const int64_t best = argmax_span(row_values, width);
-      data<int32_t>(ids)[row] = width > 0 && row_values[best] > -std::numeric_limits<float>::infinity() ? static_cast<int32_t>(best) : -1;
+      data<int32_t>(ids)[row] = static_cast<int32_t>(chosen_or_none(row_values, width, argmax_span(row_values, width)));
     }
   });
 }
