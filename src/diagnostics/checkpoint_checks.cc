@@ -90,6 +90,38 @@ TensorView readable_view(const Checkpoint& checkpoint, const StoredTensor& store
   return view;
 }
 
+// NaN and infinity are the float values whose exponent bits are all ones: counted on the stored bits,
+// so the scan runs at the speed of reading the file. -1 for a dtype that holds no float values.
+template <typename Bits>
+int64_t count_non_finite(const std::byte* data, size_t size_bytes, Bits exponent_mask, int64_t* first) {
+  const size_t count = size_bytes / sizeof(Bits);
+  const auto* values = reinterpret_cast<const Bits*>(data);
+  int64_t found = 0;
+  constexpr size_t kChunk = 1 << 16;  // counted branch-free a chunk at a time, the first index looked up after
+  for (size_t begin = 0; begin < count; begin += kChunk) {
+    const size_t end = std::min(count, begin + kChunk);
+    int64_t in_chunk = 0;
+    for (size_t i = begin; i < end; ++i) in_chunk += (values[i] & exponent_mask) == exponent_mask;
+    if (in_chunk > 0 && found == 0) {
+      for (size_t i = begin; i < end; ++i) {
+        if ((values[i] & exponent_mask) == exponent_mask) {
+          *first = static_cast<int64_t>(i);
+          break;
+        }
+      }
+    }
+    found += in_chunk;
+  }
+  return found;
+}
+
+int64_t count_non_finite(const StoredTensor& stored, int64_t* first) {
+  if (stored.dtype_name == "BF16") return count_non_finite<uint16_t>(stored.data, stored.size_bytes, 0x7f80, first);
+  if (stored.dtype_name == "F16") return count_non_finite<uint16_t>(stored.data, stored.size_bytes, 0x7c00, first);
+  if (stored.dtype_name == "F32") return count_non_finite<uint32_t>(stored.data, stored.size_bytes, 0x7f800000u, first);
+  return -1;
+}
+
 json read_json_object(const std::filesystem::path& path) {
   const json value = parse_json_file(path);
   if (!value.is_object()) fail("{}: expected a JSON object", path.string());
@@ -111,6 +143,7 @@ class Doctor {
     check("layer_scalar", [&] { check_layer_scalars(); });
     check("kv sharing", [&] { check_kv_sharing(); });
     check("unused tensors", [&] { check_unused_tensors(); });
+    check("values", [&] { check_values(); });
     check("tokenizer.json", [&] { check_tokenizer_file(); });
     check("vocabulary", [&] { check_vocabulary(); });
     check("round trip", [&] { check_round_trip(); });
@@ -393,6 +426,40 @@ class Doctor {
     }
     result(CheckStatus::kWarn, fmt::format("{} stored tensors are never read (renamed keys or a config that disagrees?): {}", unused.size(),
                                            list_names(unused)));
+  }
+
+  // One NaN or inf anywhere in a weight spreads through the residual stream to every logit, and the
+  // forward check alone cannot say where it came from: every stored value the forward pass reads is
+  // scanned, float weights and quantised weights' block scales alike.
+  void check_values() {
+    if (!options_.scan_values) {
+      result(CheckStatus::kInfo, "skipped (not requested)");
+      return;
+    }
+    if (skip_without_checkpoint()) return;
+    if (needed_.empty()) {
+      result(CheckStatus::kWarn, "skipped (the tensor check did not run)");
+      return;
+    }
+    std::vector<std::string> broken;
+    int64_t scanned_tensors = 0, scanned_values = 0;
+    for (const std::string& name : needed_) {
+      const StoredTensor* stored = checkpoint_->find(name);
+      if (stored == nullptr) continue;
+      int64_t first = 0;
+      const int64_t found = count_non_finite(*stored, &first);
+      if (found < 0) continue;  // integer codes: their scales are scanned as tensors of their own
+      const auto values = static_cast<int64_t>(stored->size_bytes / stored_dtype_size(stored->dtype_name));
+      ++scanned_tensors;
+      scanned_values += values;
+      if (found > 0) broken.push_back(fmt::format("{} ({} of {} values, the first at flat index {})", name, found, values, first));
+    }
+    if (!broken.empty()) {
+      fail("{} NaN or inf values, which spread to the logits: {}", broken.size() == 1 ? "1 tensor holds" : fmt::format("{} tensors hold", broken.size()),
+           list_names(broken));
+    }
+    result(CheckStatus::kPass, fmt::format("no NaN or inf among the {} values of the {} float tensors the forward pass reads",
+                                           human_count(scanned_values), scanned_tensors));
   }
 
   void check_tokenizer_file() {

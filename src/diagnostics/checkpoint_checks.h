@@ -37,6 +37,7 @@ struct DoctorReport {
 
 struct DoctorOptions {
   bool run_forward = true;  // the one-token forward pass (loads the weights into the fast path)
+  bool scan_values = true;  // the NaN/inf scan of every stored value the forward pass reads
   int threads = 0;          // for that forward pass; 0 = one per hardware thread
   std::string backend = "cpu";  // where that forward pass runs
   int device = -1;              // GPU backends: the device index; -1: the backend's own choice

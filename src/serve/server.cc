@@ -838,6 +838,19 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
     return;
   }
   metrics_.add_prompt_tokens(static_cast<int64_t>(request.prompt_tokens.size()));
+  {
+    std::unique_lock<std::mutex> lock(session->mutex);
+    // The status line waits for the first token until the first heartbeat would be due: a sequence the
+    // engine fails on at once (a broken checkpoint) then gets a real error status, not a 200.
+    session->changed.wait_for(lock, kHeartbeatInterval, [&] { return session->finished || !session->pieces.empty(); });
+    if (session->finished && session->finish_reason == "error" && session->pieces.empty()) {
+      const std::string error = session->error;
+      lock.unlock();
+      active_responses_--;
+      send_error(response, ApiError(500, "server_error", "generation failed: " + error), route);
+      return;
+    }
+  }
   metrics_.count_request(route, 200);
 
   const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_++);
@@ -916,8 +929,8 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
         }
         if (!finished) return true;
         if (reason == "error") {
-          // The engine failed. The status line (200) is already out: the error travels in the body, as
-          // an error event of the stream or an error object instead of the completion.
+          // The engine failed after the status wait: the status line (200) is already out, so the error
+          // travels in the body, as an error event of the stream or an error object instead of the completion.
           const json failure = error_body(ApiError(500, "server_error", "generation failed: " + error));
           if (!write(stream ? sse(failure) + "data: [DONE]\n\n" : dump(failure))) return false;
         } else if (stream) {

@@ -18,6 +18,7 @@ struct DoctorFlags {
   std::string model_dir;
   bool json = false;
   bool no_forward = false;
+  bool no_scan = false;
   int threads = 0;
   std::string backend = "cpu";
   bool reference = false;
@@ -32,6 +33,7 @@ std::string lower(std::string text) {
 int doctor(const DoctorFlags& flags) {
   DoctorOptions options;
   options.run_forward = !flags.no_forward;
+  options.scan_values = !flags.no_scan;
   options.threads = flags.threads;
   options.backend = flags.reference ? "reference" : flags.backend;
   options.device = flags.device;
@@ -63,6 +65,7 @@ Action add_doctor_command(CLI::App& app) {
   command->add_option("--model", flags->model_dir, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
   command->add_flag("--json", flags->json, "Print one JSON object: {\"checks\":[{name,status,message}],\"ok\":bool}");
   command->add_flag("--no-forward", flags->no_forward, "Skip the one-token forward pass (the only check that computes)");
+  command->add_flag("--no-scan", flags->no_scan, "Skip the NaN/inf scan of every stored weight value (it reads the whole checkpoint once)");
   command->add_option("--threads", flags->threads, "Worker threads for the forward check (default: one per core)")
       ->check(zero_or_more());
   command->add_option("--backend", flags->backend, "Where the forward check runs (default cpu)")->check(CLI::IsMember(backend::backend_names()));

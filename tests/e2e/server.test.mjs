@@ -5,8 +5,9 @@
 //   GEMMA4RT_BINARY=build/gemma4rt GEMMA4RT_MODELS=models node --test tests/e2e/server.test.mjs
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -916,6 +917,53 @@ describe('bad input', () => {
 });
 
 // ---------------------------------------------------------------------------------------------------
+// A copy of tiny-e2b with one weight matrix of NaN (every bit set): no forward pass gives a finite logit.
+function makeNanModel() {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'gemma4rt-nan-'));
+  const out = path.join(dir, 'nan-e2b');
+  cpSync(path.join(MODELS, 'tiny-e2b'), out, { recursive: true });
+  const file = path.join(out, 'model.safetensors');
+  const bytes = readFileSync(file);
+  const headerLength = Number(bytes.readBigUInt64LE(0));
+  const header = JSON.parse(bytes.subarray(8, 8 + headerLength).toString('utf8'));
+  const [begin, end] = header['model.language_model.layers.1.mlp.down_proj.weight'].data_offsets;
+  bytes.fill(0xff, 8 + headerLength + begin, 8 + headerLength + end);
+  writeFileSync(file, bytes);
+  return { dir, out };
+}
+
+describe('a checkpoint whose forward pass gives no finite logit', () => {
+  let model;
+  let server;
+  before(async () => {
+    model = makeNanModel();
+    server = await startServer(path.relative(MODELS, model.out), [...THREADS]);
+  });
+  after(async () => {
+    await server?.stop();
+    if (model) rmSync(model.dir, { recursive: true, force: true });
+  });
+
+  it('answers each request with a 500 error object naming the cause, not a 200, and stays up', async () => {
+    const whole = await postJson(server, '/v1/chat/completions', { messages: FRANCE.messages, temperature: 0 });
+    assertErrorResponse(whole, { status: 500, type: 'server_error', what: 'whole chat answer' });
+    assert.match(whole.json.error.message, /no finite logit.*gemma4rt doctor/);
+    const sampled = await postJson(server, '/v1/completions', { prompt: FRANCE_RAW.text, temperature: 0.8, logprobs: 2 });
+    assertErrorResponse(sampled, { status: 500, type: 'server_error', what: 'sampled completion with logprobs' });
+    const stream = await openStream(server, '/v1/completions', { prompt: FRANCE_RAW.text, temperature: 0 });
+    assert.equal(stream.response.status, 500, 'streamed completion');
+    assert.match((await stream.response.json()).error.message, /no finite logit/);
+    await assert.rejects(clientFor(server).chat.completions.create({ model: 'nan-e2b', messages: FRANCE.messages }),
+      (error) => error instanceof OpenAI.APIError && error.status === 500 && /no finite logit/.test(error.message));
+    assert.equal((await request(server.url('/health'))).status, 200);
+    const values = await metrics(server);
+    assert.equal(values.get('gemma4rt_requests_total{route="/v1/chat/completions",status="500"}'), 2);
+    assert.equal(values.get('gemma4rt_requests_total{route="/v1/completions",status="500"}'), 2);
+    assert.equal(values.get('gemma4rt_sequences_in_flight'), 0);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------------
 // Its own server: the thread counts start from a server that has served nothing yet.
 describe('slow clients', () => {
   let server;
@@ -1164,7 +1212,7 @@ describe('client disconnect (--parallel 1)', () => {
 describe('draining on SIGTERM (--parallel 1)', () => {
   let server;
   before(async () => {
-    server = await startServer('tiny-e2b', [...THREADS, '--parallel', '1']);
+    server = await startServer('tiny-e2b', [...THREADS, ...LONG_CONTEXT, '--parallel', '1']);
   });
   after(async () => server?.stop());
 
@@ -1192,7 +1240,8 @@ describe('draining on SIGTERM (--parallel 1)', () => {
 
   it('finishes running and queued requests, refuses new ones with 503 and exits 0', async () => {
     const usage = { stream_options: { include_usage: true } };
-    const running = await openStream(server, '/v1/completions', { ...LONG, ...usage, max_tokens: 2000 });
+    // Long enough (a few seconds of the tiny model) that the signal and the refusal come while it runs.
+    const running = await openStream(server, '/v1/completions', { ...LONG, ...usage, max_tokens: 12000 });
     assert.equal(running.response.status, 200);
     const events = await firstEvents(running, 3);
     assert.equal(events.length, 3);
@@ -1218,7 +1267,7 @@ describe('draining on SIGTERM (--parallel 1)', () => {
     assertErrorResponse(await postJson(server, '/v1/completions', { prompt: 'x' }, { timeoutMs: 5000 }), { status: 503, what: 'completion while draining' });
 
     await Promise.all([first.finished, second.finished]);
-    assertComplete(first.events, 2000, 'running request');
+    assertComplete(first.events, 12000, 'running request');
     assertComplete(second.events, 300, 'queued request');
     const exit = await Promise.race([server.exited, sleep(15000, null, { ref: false })]);
     assert.ok(exit, `the server did not exit within 15 s of finishing; stderr:\n${server.stderr()}`);

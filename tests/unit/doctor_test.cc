@@ -62,7 +62,7 @@ TEST_P(DoctorFixture, PassesOnUntouchedModel) {
   EXPECT_EQ(result.out.find("FAIL  "), std::string::npos) << result.out;
   EXPECT_EQ(result.out.find("WARN  "), std::string::npos) << result.out;
   for (const char* check : {"config", "safetensors", "tensors", "per-layer embeddings", "layer_scalar", "kv sharing", "tokenizer.json",
-                            "vocabulary", "round trip", "special tokens", "chat format", "eos ids", "weights", "forward", "parameters"}) {
+                            "values", "vocabulary", "round trip", "special tokens", "chat format", "eos ids", "weights", "forward", "parameters"}) {
     EXPECT_FALSE(check_line(result.out, check).empty()) << "no line for " << check << " in:\n" << result.out;
   }
   EXPECT_TRUE(check_line(result.out, "parameters").starts_with("INFO  ")) << result.out;
@@ -119,6 +119,35 @@ TEST(Doctor, PleTableZeroed) {
     std::fill(image.data.begin() + begin, image.data.begin() + end, '\0');
   });
   expect_doctor_failure(dir, "per-layer embeddings", {kPrefix + "embed_tokens_per_layer.weight", "zero"});
+}
+
+// One NaN or inf anywhere makes every logit NaN; the forward check sees that, the value scan says where.
+TEST(Doctor, NonFiniteValuesAreNamed) {
+  const auto dir = broken_copy("non_finite");
+  const std::string down = kPrefix + "layers.1.mlp.down_proj.weight";
+  const std::string embed = kPrefix + "embed_tokens.weight";
+  size_t down_values = 0;
+  SafetensorsImage::edit(dir / "model.safetensors", [&](SafetensorsImage& image) {
+    // Little-endian bf16: 0x7fc0 is a quiet NaN, 0x7f80 +inf, 0xff80 -inf.
+    const auto [down_begin, down_end] = tensor_bytes(image, down);
+    down_values = (down_end - down_begin) / 2;
+    image.data[down_begin + 2 * 5] = static_cast<char>(0xc0);
+    image.data[down_begin + 2 * 5 + 1] = static_cast<char>(0x7f);
+    image.data[down_begin + 2 * 9] = static_cast<char>(0x80);  // +inf (0x7f80), after the first
+    image.data[down_begin + 2 * 9 + 1] = static_cast<char>(0x7f);
+    const size_t embed_begin = tensor_bytes(image, embed).first;
+    image.data[embed_begin + 2 * 700] = static_cast<char>(0x80);
+    image.data[embed_begin + 2 * 700 + 1] = static_cast<char>(0xff);
+  });
+  const std::string out = expect_doctor_failure(
+      dir, "values", {"2 tensors hold NaN or inf values", down + " (2 of " + std::to_string(down_values) + " values, the first at flat index 5)",
+                      embed + " (1 of", "flat index 700)"});
+  EXPECT_TRUE(check_line(out, "forward").starts_with("FAIL  ")) << out;
+  EXPECT_TRUE(check_line(out, "tensors").starts_with("PASS  ")) << out;
+
+  const CommandResult skipped = run_gemma4rt({"doctor", "--model", dir.string(), "--no-scan", "--no-forward"});
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.out;
+  EXPECT_EQ(check_line(skipped.out, "values"), "INFO  values: skipped (not requested)") << skipped.out;
 }
 
 TEST(Doctor, LayerScalarRemoved) {
@@ -337,6 +366,14 @@ TEST_P(DoctorQuantized, PassesOnQuantizedCopyAndNamesBrokenScales) {
   });
   expect_doctor_failure(narrow, "tensors", {gate, q4 ? "stored as U8" : "config"});
   expect_load_failure(narrow, {gate, "the config needs"});
+
+  // A NaN block scale (f32 for q8, f16 for q4, little-endian) is named by the value scan.
+  const auto nan_scale = broken("scale-nan", [&](SafetensorsImage& image) {
+    const size_t begin = tensor_bytes(image, gate + "_scale").first;
+    const size_t width = q4 ? 2 : 4;
+    for (size_t i = 0; i < width; ++i) image.data[begin + 3 * width + i] = static_cast<char>(0xff);
+  });
+  expect_doctor_failure(nan_scale, "values", {"1 tensor holds NaN or inf values", gate + "_scale (1 of", "flat index 3)"});
 
   if (q4) {
     const auto older = broken("older-layout", [](SafetensorsImage& image) { image.header["__metadata__"]["gemma4rt_q4_layout"] = "nibble-groups64"; });
