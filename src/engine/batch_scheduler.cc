@@ -207,12 +207,12 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
   // Logit rows must be increasing: decode rows come first, then prompt ends in row order.
   const auto start = std::chrono::steady_clock::now();
   if (options_.before_forward) options_.before_forward(rows_, logit_rows_);
-  // A step whose every sampled row decodes greedily, without logprobs, penalties or a constraint, needs
+  // A step whose every sampled row decodes greedily, without logprobs, biases, penalties or a constraint, needs
   // only the argmax ids back from the device; any other row needs the softcapped logits.
   const bool argmax_only = std::all_of(sampled.begin(), sampled.end(), [](const Sequence* sequence) {
     const SequenceRequest& request = sequence->request;
     return sequence->sampler->options().greedy() && request.top_logprobs < 0 && request.presence_penalty == 0.0f &&
-           request.frequency_penalty == 0.0f && !request.constraint;
+           request.frequency_penalty == 0.0f && request.logit_bias.empty() && !request.constraint;
   });
   if (argmax_only) {
     greedy_ids_.resize(logit_rows_.size());
@@ -253,6 +253,7 @@ void BatchScheduler::emit(Sequence& sequence, float* logits, float log_normalise
     event.top_logprobs = top_logprobs(std::span<const float>(logits, vocab), request.top_logprobs, log_normaliser);
     event.logprob = log_normaliser;  // replaced by the chosen token's value below
   }
+  for (const auto& [token, bias] : request.logit_bias) logits[token] += bias;
   if (request.presence_penalty != 0.0f || request.frequency_penalty != 0.0f) {
     for (const auto& [token, count] : sequence.counts) {
       logits[token] -= request.presence_penalty + request.frequency_penalty * static_cast<float>(count);
@@ -264,11 +265,12 @@ void BatchScheduler::emit(Sequence& sequence, float* logits, float log_normalise
     fail("structured output: no token can continue the constrained text");
   }
   if (event.logprob) {
-    // Recover log p(token) from the unpenalised value: penalties only touched generated tokens.
+    // Recover log p(token) from the model's own value: biases and penalties only touched some tokens.
     float raw = logits[token];
     if (auto found = sequence.counts.find(token); found != sequence.counts.end()) {
       raw += request.presence_penalty + request.frequency_penalty * static_cast<float>(found->second);
     }
+    if (auto found = request.logit_bias.find(token); found != request.logit_bias.end()) raw -= found->second;
     event.logprob = raw - *event.logprob;
   }
   event.token = token;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,6 +40,9 @@ struct SequenceRequest {
   SamplingOptions sampling;
   float presence_penalty = 0.0f;          // subtracted once from tokens already generated
   float frequency_penalty = 0.0f;         // subtracted per earlier occurrence
+  // Added to these tokens' logits before the penalties, the constraint and sampling (OpenAI's
+  // logit_bias: -100 bans a token, +100 all but forces it). Logprobs still report the model's own values.
+  std::map<int32_t, float> logit_bias;
   bool ignore_eos = false;
   std::vector<int> stop_token_ids;
   int top_logprobs = -1;                  // -1: no logprobs; 0..20: logprob of the token plus that many alternatives

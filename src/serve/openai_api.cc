@@ -1,5 +1,6 @@
 #include "serve/openai_api.h"
 
+#include <charconv>
 #include <cmath>
 #include <random>
 
@@ -56,6 +57,24 @@ class Fields {
   const json& body_;
 };
 
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}, the ids as decimal strings.
+std::map<int32_t, float> parse_logit_bias(const json& biases, int vocab_size) {
+  if (!biases.is_object()) throw invalid_request("'logit_bias' must be an object mapping token ids to numbers", "logit_bias");
+  std::map<int32_t, float> parsed;
+  for (const auto& [key, value] : biases.items()) {
+    int64_t id = -1;
+    const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || key[0] == '-' || error != std::errc() || end != key.data() + key.size() || id >= vocab_size) {
+      throw invalid_request(fmt::format("'logit_bias' key {} is not a token id below {}", json(key).dump(), vocab_size), "logit_bias");
+    }
+    if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0)) {
+      throw invalid_request(fmt::format("'logit_bias' value for token {} must be a number from -100 to 100", id), "logit_bias");
+    }
+    parsed[static_cast<int32_t>(id)] = value.get<float>();
+  }
+  return parsed;
+}
+
 // The fields both endpoints share: sampling, penalties, stop, budget, streaming.
 void parse_common(const json& body, const ServedModel& model, ParsedRequest& request) {
   if (!body.is_object()) throw invalid_request("the request body must be a JSON object");
@@ -94,6 +113,7 @@ void parse_common(const json& body, const ServedModel& model, ParsedRequest& req
   }
   request.presence_penalty = static_cast<float>(fields.number("presence_penalty", -2.0, 2.0).value_or(0.0));
   request.frequency_penalty = static_cast<float>(fields.number("frequency_penalty", -2.0, 2.0).value_or(0.0));
+  if (fields.has("logit_bias")) request.logit_bias = parse_logit_bias(fields.at("logit_bias"), model.vocab_size);
   request.ignore_eos = fields.boolean("ignore_eos").value_or(false);
   if (auto timeout = fields.number("timeout", 0.0, 86400.0)) request.timeout_seconds = *timeout;
 

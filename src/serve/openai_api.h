@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -55,6 +56,7 @@ struct ParsedRequest {
   SamplingOptions sampling;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  std::map<int32_t, float> logit_bias;   // token id -> added to its logit
   std::vector<std::string> stop;
   int logprobs = -1;                     // -1: none; else the number of alternatives per token
   bool has_tools = false;

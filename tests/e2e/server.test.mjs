@@ -231,6 +231,34 @@ describe('openai client against tiny-e2b', () => {
     }
   });
 
+  it('applies logit_bias: +100 forces a token, -100 bans the greedy one, logprobs stay the model\'s own', async () => {
+    const plain = await client.chat.completions.create({ model: 'tiny-e2b', messages: FRANCE.messages, temperature: 0, max_tokens: 1, logprobs: true, top_logprobs: 2 });
+    const [best, second] = plain.choices[0].logprobs.content[0].top_logprobs;
+    const ids = (await postJson(server, '/tokenize', { content: best.token + second.token, with_pieces: true })).json.tokens;
+    assert.deepEqual(ids.map((entry) => entry.piece), [best.token, second.token], 'the two pieces tokenize back to themselves');
+    const bestId = ids[0].id;
+
+    const banned = await client.chat.completions.create({ model: 'tiny-e2b', messages: FRANCE.messages, temperature: 0, max_tokens: 1,
+      logit_bias: { [bestId]: -100 }, logprobs: true, top_logprobs: 2 });
+    const first = banned.choices[0].logprobs.content[0];
+    assert.equal(first.token, second.token, 'the runner-up replaces the banned token');
+    assert.ok(Math.abs(first.logprob - second.logprob) < 1e-4, `${first.logprob} against ${second.logprob}: the model's own log-probability`);
+    assert.deepEqual(first.top_logprobs.map((entry) => entry.token), [best.token, second.token], 'alternatives are unbiased');
+
+    const he = (await postJson(server, '/tokenize', { content: 'he' })).json.tokens;
+    assert.equal(he.length, 1, 'one token');
+    const forced = await postJson(server, '/v1/completions', { prompt: FRANCE_RAW.text, temperature: 0.7, seed: 1, max_tokens: 4, logit_bias: { [he[0]]: 100 } });
+    assert.equal(forced.status, 200, forced.text);
+    assert.equal(forced.json.choices[0].text, 'hehehehe');
+
+    for (const [bias, what] of [[{ '-1': 1 }, '-1'], [{ 1e9: 1 }, 'not a token id'], [{ '3x': 1 }, '3x'], [{ 3: 100.5 }, '-100 to 100'], [{ 3: '5' }, '-100 to 100'], [[3], 'object']]) {
+      const refused = await postJson(server, '/v1/chat/completions', { messages: FRANCE.messages, logit_bias: bias });
+      assertErrorResponse(refused, { status: 400, type: 'invalid_request_error', what: JSON.stringify(bias) });
+      assert.equal(refused.json.error.param, 'logit_bias');
+      assert.ok(refused.json.error.message.includes(what), refused.json.error.message);
+    }
+  });
+
   it('frames streams as server-sent events', async () => {
     for (const [route, body] of [['/v1/chat/completions', { messages: FRANCE.messages, temperature: 0 }], ['/v1/completions', { prompt: FRANCE_RAW.text, temperature: 0 }]]) {
       const stream = await openStream(server, route, body);

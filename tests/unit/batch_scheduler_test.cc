@@ -2,6 +2,7 @@
 // retried alone, and only the ones that fail alone end with "error". Logprobs of batched sequences are
 // the log-softmax of their logits.
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -124,6 +125,63 @@ TEST(BatchScheduler, LogprobsOfBatchedSequencesAreTheLogSoftmaxOfTheirLogits) {
       tokens.push_back(event.token);
     }
   }
+}
+
+// logit_bias moves the choice (here: +100 on one token, sampled, and -100 on the greedy choice), while
+// the reported log-probabilities stay those of the model's own logits.
+TEST(BatchScheduler, LogitBiasMovesTheChoiceNotTheLogprobs) {
+  auto model = Model::load(std::string(GEMMA4RT_TEST_DATA) + "/golden/tiny-e2b");
+  EngineOptions options;
+  options.context_tokens = 64;
+  options.sequences = 2;
+  Transformer transformer(*model, options);
+  const std::vector<int32_t> prompt = {2, 100, 200, 300};
+  const std::span<const float> forward_logits = transformer.forward(prompt, 0);
+  const std::vector<float> first_logits(forward_logits.begin(), forward_logits.end());  // the scheduler's steps reuse the buffer
+  std::vector<float> logits = first_logits;
+  const int32_t greedy = argmax(logits);
+  logits[static_cast<size_t>(greedy)] = -std::numeric_limits<float>::infinity();
+  const int32_t runner_up = argmax(logits);
+  const int32_t forced = greedy == 424 ? 425 : 424;
+
+  BatchScheduler scheduler(transformer, {});
+  std::mutex mutex;
+  std::vector<std::vector<TokenEvent>> events(2);
+  for (int i = 0; i < 2; ++i) {
+    SequenceRequest request;
+    request.prompt = prompt;
+    request.max_tokens = i == 0 ? 3 : 1;
+    request.ignore_eos = true;
+    request.top_logprobs = 1;
+    if (i == 0) {
+      request.sampling.temperature = 0.8f;
+      request.logit_bias = {{forced, 100.0f}};
+    } else {
+      request.logit_bias = {{greedy, -100.0f}};
+    }
+    request.on_token = [&, i](const TokenEvent& event) {
+      std::lock_guard<std::mutex> lock(mutex);
+      events[static_cast<size_t>(i)].push_back(event);
+      return true;
+    };
+    ASSERT_NE(scheduler.submit(std::move(request)), nullptr);
+  }
+  scheduler.drain();
+  ASSERT_EQ(events[0].size(), 3u);
+  for (const TokenEvent& event : events[0]) EXPECT_EQ(event.token, forced);
+  ASSERT_EQ(events[1].size(), 1u);
+  EXPECT_EQ(events[1][0].token, runner_up);
+  ASSERT_EQ(events[1][0].top_logprobs.size(), 1u);
+  EXPECT_EQ(events[1][0].top_logprobs[0].token, greedy) << "the alternatives are the model's own";
+  double maximum = first_logits[0];
+  for (float logit : first_logits) maximum = std::max<double>(maximum, logit);
+  double total = 0.0;
+  for (float logit : first_logits) total += std::exp(static_cast<double>(logit) - maximum);
+  const double log_normaliser = maximum + std::log(total);
+  ASSERT_TRUE(events[1][0].logprob.has_value());
+  EXPECT_NEAR(*events[1][0].logprob, first_logits[static_cast<size_t>(runner_up)] - log_normaliser, 1e-4);
+  ASSERT_TRUE(events[0][0].logprob.has_value());
+  EXPECT_NEAR(*events[0][0].logprob, first_logits[static_cast<size_t>(forced)] - log_normaliser, 1e-4);
 }
 
 }  // namespace
