@@ -335,6 +335,8 @@ ParsedRequest parse_completion_request(const json& body, const ServedModel& mode
   request.chat = false;
   const Fields fields(body);
   if (!fields.has("prompt")) throw invalid_request("'prompt' is required", "prompt");
+  // Fill-in-the-middle: Gemma-4 has no suffix tokens, and dropping the suffix would answer another question.
+  if (fields.has("suffix")) throw invalid_request("'suffix' is not supported (Gemma-4 has no fill-in-the-middle format)", "suffix");
   const json& prompt = fields.at("prompt");
   // A raw completion: the text is not wrapped in the chat format; it starts with exactly one <bos>.
   if (prompt.is_string()) {

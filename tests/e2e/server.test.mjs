@@ -409,6 +409,11 @@ describe('openai client against tiny-e2b', () => {
     );
     const raw = await postJson(server, '/v1/chat/completions', { messages: FRANCE.messages, n: 2 });
     assertErrorResponse(raw, { status: 400, type: 'invalid_request_error', what: 'n: 2' });
+    for (const [field, value] of [['suffix', ' and so on.'], ['echo', true], ['best_of', 2]]) {
+      const refused = await postJson(server, '/v1/completions', { prompt: FRANCE_RAW.text, [field]: value });
+      assertErrorResponse(refused, { status: 400, type: 'invalid_request_error', what: field });
+      assert.equal(refused.json.error.param, field);
+    }
   });
 
   it('exports Prometheus metrics that match the requests', async () => {
