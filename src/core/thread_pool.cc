@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/error.h"
+
 namespace gemma4rt {
 namespace {
 
@@ -41,6 +43,7 @@ int available_cores() {
 }
 
 ThreadPool::ThreadPool(int threads) {
+  if (threads > kMaxThreads) fail("{} threads requested; at most {} (this process may use {} cores)", threads, kMaxThreads, available_cores());
   if (threads <= 0) threads = available_cores();
   for (int index = 1; index < threads; ++index) workers_.emplace_back([this, index] { worker_loop(index); });
 }

@@ -18,9 +18,13 @@ namespace gemma4rt {
 // not the machine's count.
 int available_cores();
 
+// The most threads a pool takes. More threads than cores only slow the products down, and a count far
+// beyond any machine (a typo) would spend minutes and gigabytes creating threads.
+inline constexpr int kMaxThreads = 512;
+
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);  // threads <= 0: one per available core
+  explicit ThreadPool(int threads);  // threads <= 0: one per available core; more than kMaxThreads is an Error
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

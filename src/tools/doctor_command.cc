@@ -67,7 +67,7 @@ Action add_doctor_command(CLI::App& app) {
   command->add_flag("--no-forward", flags->no_forward, "Skip the one-token forward pass (the only check that computes)");
   command->add_flag("--no-scan", flags->no_scan, "Skip the NaN/inf scan of every stored weight value (it reads the whole checkpoint once)");
   command->add_option("--threads", flags->threads, "Worker threads for the forward check (default: one per core)")
-      ->check(zero_or_more());
+      ->check(thread_count());
   command->add_option("--backend", flags->backend, "Where the forward check runs (default cpu)")->check(CLI::IsMember(backend::backend_names()));
   command->add_flag("--reference", flags->reference, "The same as --backend reference");
   command->add_option("--device", flags->device, "GPU backends: the device index for the forward check (gemma4rt devices lists them)")

@@ -39,7 +39,7 @@ void EngineFlags::add_to(CLI::App& command, TensorParallelRanks ranks) {
   command.add_option("--threads", threads,
                      threads_only ? "Worker threads (default: one per core this process may use)"
                                   : "Worker threads (default: one per core this process may use; under mpirun, its share of the machine's)")
-      ->check(zero_or_more());
+      ->check(thread_count());
   command.add_option("--tp", tensor_parallel,
                      threads_only ? "Tensor-parallel ranks, as threads of this process (default 1)"
                                   : "Tensor-parallel ranks: threads of this process, or the processes of `mpirun -np N` (default 1)")

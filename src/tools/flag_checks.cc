@@ -5,14 +5,15 @@
 
 #include <fmt/format.h>
 
+#include "core/thread_pool.h"
 #include "tools/commands.h"
 
 namespace gemma4rt::tools {
 namespace {
 
-CLI::Validator bound_check(double least, const char* words, const char* help) {
+CLI::Validator bound_check(double least, const char* words, const char* help, double most = INFINITY) {
   return CLI::Validator(
-      [least, words](std::string& text) -> std::string {
+      [least, most, words](std::string& text) -> std::string {
         double value = 0.0;
         size_t used = 0;
         try {
@@ -21,7 +22,7 @@ CLI::Validator bound_check(double least, const char* words, const char* help) {
           used = 0;
         }
         // inf and nan parse as numbers too; neither is a temperature, a count or a length.
-        if (used == 0 || used != text.size() || !std::isfinite(value) || !(value >= least)) {
+        if (used == 0 || used != text.size() || !std::isfinite(value) || !(value >= least) || !(value <= most)) {
           return fmt::format("expected {}, got \"{}\"", words, text);
         }
         return "";
@@ -38,6 +39,12 @@ const CLI::Validator& at_least_one() {
 
 const CLI::Validator& zero_or_more() {
   static const CLI::Validator check = bound_check(0.0, "a number of 0 or more", ">= 0");
+  return check;
+}
+
+const CLI::Validator& thread_count() {
+  static const std::string range = fmt::format("0 to {}", kMaxThreads), words = "a number from " + range;
+  static const CLI::Validator check = bound_check(0.0, words.c_str(), range.c_str(), kMaxThreads);
   return check;
 }
 

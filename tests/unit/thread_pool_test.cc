@@ -1,6 +1,7 @@
 // ThreadPool: every thread runs each region exactly once, ranges cover [0, count) without overlap,
 // and many back-to-back regions (as in a decode step) complete.
 #include <atomic>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -20,6 +21,17 @@ TEST(ThreadPool, RunsEveryThreadOnce) {
       calls[index]++;
     });
     for (auto& count : calls) EXPECT_EQ(count.load(), 1);
+  }
+}
+
+// A thread count far past any machine is refused at once, naming the bound, instead of creating
+// hundreds of thousands of threads.
+TEST(ThreadPool, RefusesMoreThanTheMostThreads) {
+  try {
+    ThreadPool pool(100000);
+    FAIL() << "a pool of 100000 threads was created";
+  } catch (const std::exception& error) {
+    EXPECT_NE(std::string(error.what()).find("100000 threads requested; at most 512"), std::string::npos) << error.what();
   }
 }
 
