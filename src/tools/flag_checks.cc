@@ -42,6 +42,11 @@ const CLI::Validator& zero_or_more() {
   return check;
 }
 
+const CLI::Validator& zero_to_one() {
+  static const CLI::Validator check = bound_check(0.0, "a number from 0 to 1", "0 to 1", 1.0);
+  return check;
+}
+
 const CLI::Validator& thread_count() {
   static const std::string range = fmt::format("0 to {}", kMaxThreads), words = "a number from " + range;
   static const CLI::Validator check = bound_check(0.0, words.c_str(), range.c_str(), kMaxThreads);

@@ -221,8 +221,8 @@ Action add_run_command(CLI::App& app) {
   command->add_option("--max-tokens,-n", flags->max_tokens, "Most tokens to generate")->check(zero_or_more());
   command->add_option("--temperature", flags->temperature, "Sampling temperature; 0 = greedy")->check(zero_or_more());
   command->add_option("--top-k", flags->top_k, "Keep the k most likely tokens; 0 = all")->check(zero_or_more());
-  command->add_option("--top-p", flags->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
-  command->add_option("--min-p", flags->min_p, "Drop tokens below min-p times the best token's probability")->check(CLI::Range(0.0f, 1.0f));
+  command->add_option("--top-p", flags->top_p, "Nucleus sampling mass")->check(zero_to_one());
+  command->add_option("--min-p", flags->min_p, "Drop tokens below min-p times the best token's probability")->check(zero_to_one());
   command->add_option("--seed", flags->seed, "Random seed for sampling");
   command->add_flag("--ignore-eos", flags->ignore_eos, "Do not stop on the checkpoint's end-of-sequence tokens");
   command->add_option("--ctx", flags->context_tokens, "Context length: KV cache positions allocated at load")->check(at_least_one());

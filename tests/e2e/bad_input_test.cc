@@ -180,6 +180,8 @@ TEST(BadInput, FlagOutOfRange) {
   expect_clear_failure(kSource, {"--max-tokens", "0 or more", "\"-1\"", "gemma4rt run --help"}, {"--max-tokens", "-1"});
   expect_clear_failure(kSource, {"--ctx", "at least 1", "\"0\""}, {"--ctx", "0"});
   expect_clear_failure(kSource, {"--threads", "0 to 512", "\"100000\""}, {"--threads", "100000"});
+  expect_clear_failure(kSource, {"--top-p", "from 0 to 1", "\"nan\""}, {"--top-p", "nan"});
+  expect_clear_failure(kSource, {"--min-p", "from 0 to 1", "\"1.5\""}, {"--min-p", "1.5"});
   expect_clear_failure(kSource, {"--temperature", "\"warm\""}, {"--temperature", "warm"});
   expect_clear_failure(kSource, {"--backend", "tpu", "cpu", "reference"}, {"--backend", "tpu"});
   expect_clear_failure(kSource, {"--backend reference", "--dtype q8"}, {"--backend", "reference", "--dtype", "q8"});
