@@ -275,6 +275,17 @@ std::vector<std::filesystem::path> replaced_checkpoint_files(const std::filesyst
   return files;
 }
 
+}  // namespace
+
+void remove_stale_shards(const std::filesystem::path& dir) {
+  for (const auto& file : replaced_checkpoint_files(dir)) {
+    const std::string name = file.filename().string();
+    if (name == "model.safetensors.index.json" || is_shard_name(name)) std::filesystem::remove(file);
+  }
+}
+
+namespace {
+
 json generation_config(const ModelConfig& config) {
   // The released generation_config.json: stop on <eos>, <turn|> and <|tool_response>; sampling defaults.
   json eos = json::array();

@@ -73,6 +73,10 @@ struct CheckpointSummary {
 CheckpointSummary write_random_checkpoint(const nlohmann::json& config_json, const std::filesystem::path& dir,
                                           const CheckpointWriterOptions& options);
 
+// Removes the shards (model-*-of-*.safetensors) and the index of another layout from `dir`, once a
+// single model.safetensors has been written there: readers would otherwise take the stale shards.
+void remove_stale_shards(const std::filesystem::path& dir);
+
 // Bytes the files of a plan (plus the small JSON files) will take on disk.
 uint64_t checkpoint_disk_bytes(const CheckpointPlan& plan);
 

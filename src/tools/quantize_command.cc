@@ -190,7 +190,7 @@ int quantize(const QuantizeFlags& flags) {
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(config_input);
   config["quantization_config"] = {{"quant_method", q4 ? "gemma4rt_q4" : "gemma4rt_q8"}, {"block_size", q4 ? kQ4BlockValues : kQ8BlockValues}};
   std::ofstream(out / "config.json") << config.dump(2) << "\n";
-  std::filesystem::remove(out / "model.safetensors.index.json");
+  remove_stale_shards(out);
   fmt::print(stderr, "quantize: wrote {} ({:.2f} GB, {} {} matrices)\n", file_path.string(), offset / 1e9, quantized.size() + (weights.lm_head_tied ? 1 : 0),
              format_name(format));
   return 0;

@@ -385,6 +385,17 @@ TEST(QuantizeCommandRefusals, KeepsTheSourceAndTheOutputIntact) {
   const CommandResult still = run_gemma4rt({"run", "--model", out.string(), "--chat", "What is the capital of France?", "--max-tokens", "12"});
   EXPECT_EQ(still.exit_code, 0) << still.err;
   EXPECT_NE(still.out.find("Paris"), std::string::npos) << still.out;
+
+  // --force over a sharded checkpoint: its shards and index go, so no reader takes them for the copy.
+  const auto sharded = fresh_work_dir("quantize-refusals/sharded");
+  ASSERT_EQ(run_gemma4rt({"make-model", "--config", (kModels / "tiny-e2b" / "config.json").string(), "--shard-size-gb", "0.0005", "--out",
+                          sharded.string()}).exit_code, 0);
+  ASSERT_TRUE(std::filesystem::exists(sharded / "model.safetensors.index.json"));
+  ASSERT_EQ(run_gemma4rt({"quantize", "--model", source.string(), "--out", sharded.string(), "--dtype", "q4", "--force"}).exit_code, 0);
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(sharded)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}));
 }
 
 }  // namespace
