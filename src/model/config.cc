@@ -212,6 +212,9 @@ ModelConfig parse_model_config(const json& root, const std::string& source) {
     if (value <= 0) fail("{}: field {}{} must be positive, got {}", source, prefix, key, value);
   };
   require_positive("vocab_size", config.vocab_size);
+  if (config.bos_token_id < 0 || config.bos_token_id >= config.vocab_size) {
+    fail("{}: field {}bos_token_id {} is outside the vocabulary ({} ids)", source, prefix, config.bos_token_id, config.vocab_size);
+  }
   require_positive("hidden_size", config.hidden_size);
   require_positive("intermediate_size", config.intermediate_size);
   require_positive("num_hidden_layers", config.num_layers);

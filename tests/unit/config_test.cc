@@ -131,6 +131,10 @@ TEST(ModelConfig, ErrorsNameTheField) {
                 .find("rope_parameters.full_attention.rope_type"),
             std::string::npos);
   EXPECT_NE(message_of({{"model_type", "gemma4_text"}, {"sliding_window", "big"}}).find("sliding_window"), std::string::npos);
+  EXPECT_NE(message_of({{"model_type", "gemma4_text"}, {"vocab_size", 1024}, {"bos_token_id", 1024}})
+                .find("some/config.json: field bos_token_id 1024 is outside the vocabulary (1024 ids)"),
+            std::string::npos)
+      << message_of({{"model_type", "gemma4_text"}, {"vocab_size", 1024}, {"bos_token_id", 1024}});
 }
 
 }  // namespace
