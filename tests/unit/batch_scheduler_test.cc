@@ -1,6 +1,6 @@
 // The scheduler keeps a failure to the request that causes it: when a step throws, each sequence is
 // retried alone, and only the ones that fail alone end with "error". Logprobs of batched sequences are
-// the log-softmax of their logits.
+// the log-softmax of their logits, whatever logit_bias did to the choice.
 #include <cmath>
 #include <limits>
 #include <map>
@@ -19,16 +19,29 @@ namespace {
 
 constexpr int32_t kPoison = 17;  // a prompt holding this token makes the step throw
 
+// log(sum(exp(logits))), in double: what the reported log-probabilities are measured against.
+double log_normaliser_of(std::span<const float> logits) {
+  double maximum = logits[0];
+  for (float logit : logits) maximum = std::max<double>(maximum, logit);
+  double total = 0.0;
+  for (float logit : logits) total += std::exp(static_cast<double>(logit) - maximum);
+  return maximum + std::log(total);
+}
+
+EngineOptions engine_options(int sequences) {
+  EngineOptions options;
+  options.context_tokens = 64;
+  options.sequences = sequences;
+  return options;
+}
+
 struct Outcome {
   std::vector<int32_t> tokens;
   std::string reason, error;
 };
 
 std::map<std::string, Outcome> serve(const Model& model, const std::map<std::string, std::vector<int32_t>>& prompts) {
-  EngineOptions options;
-  options.context_tokens = 64;
-  options.sequences = 4;
-  Transformer transformer(model, options);
+  Transformer transformer(model, engine_options(4));
   BatchScheduler::Options scheduler_options;
   scheduler_options.before_forward = [](std::span<const BatchRow> rows, std::span<const int>) {
     for (const BatchRow& row : rows) {
@@ -78,10 +91,7 @@ TEST(BatchScheduler, AFailingRequestEndsAloneAndTheOthersAreUndisturbed) {
 // log-softmax, in double, of the logits of a sequence run alone on the same tokens.
 TEST(BatchScheduler, LogprobsOfBatchedSequencesAreTheLogSoftmaxOfTheirLogits) {
   auto model = Model::load(std::string(GEMMA4RT_TEST_DATA) + "/golden/tiny-e2b");
-  EngineOptions options;
-  options.context_tokens = 64;
-  options.sequences = 3;
-  Transformer transformer(*model, options);
+  Transformer transformer(*model, engine_options(3));
   BatchScheduler scheduler(transformer, {});
   const std::vector<std::vector<int32_t>> prompts = {{2, 100, 200, 300}, {2, 400, 500}, {2, 7, 8, 9, 10, 11}};
   std::mutex mutex;
@@ -101,20 +111,14 @@ TEST(BatchScheduler, LogprobsOfBatchedSequencesAreTheLogSoftmaxOfTheirLogits) {
   }
   scheduler.drain();
 
-  EngineOptions alone_options;
-  alone_options.context_tokens = 64;
-  Transformer alone(*model, alone_options);
+  Transformer alone(*model, engine_options(1));
   for (size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE("sequence " + std::to_string(i));
     ASSERT_EQ(events[i].size(), 6u);
     std::vector<int32_t> tokens = prompts[i];
     for (const TokenEvent& event : events[i]) {
       const std::span<const float> logits = alone.forward(tokens, 0);
-      double maximum = logits[0];
-      for (float logit : logits) maximum = std::max<double>(maximum, logit);
-      double total = 0.0;
-      for (float logit : logits) total += std::exp(static_cast<double>(logit) - maximum);
-      const double log_normaliser = maximum + std::log(total);
+      const double log_normaliser = log_normaliser_of(logits);
       ASSERT_TRUE(event.logprob.has_value());
       EXPECT_NEAR(*event.logprob, logits[static_cast<size_t>(event.token)] - log_normaliser, 1e-4);
       ASSERT_EQ(event.top_logprobs.size(), 3u);
@@ -131,10 +135,7 @@ TEST(BatchScheduler, LogprobsOfBatchedSequencesAreTheLogSoftmaxOfTheirLogits) {
 // the reported log-probabilities stay those of the model's own logits.
 TEST(BatchScheduler, LogitBiasMovesTheChoiceNotTheLogprobs) {
   auto model = Model::load(std::string(GEMMA4RT_TEST_DATA) + "/golden/tiny-e2b");
-  EngineOptions options;
-  options.context_tokens = 64;
-  options.sequences = 2;
-  Transformer transformer(*model, options);
+  Transformer transformer(*model, engine_options(2));
   const std::vector<int32_t> prompt = {2, 100, 200, 300};
   const std::span<const float> forward_logits = transformer.forward(prompt, 0);
   const std::vector<float> first_logits(forward_logits.begin(), forward_logits.end());  // the scheduler's steps reuse the buffer
@@ -173,11 +174,7 @@ TEST(BatchScheduler, LogitBiasMovesTheChoiceNotTheLogprobs) {
   EXPECT_EQ(events[1][0].token, runner_up);
   ASSERT_EQ(events[1][0].top_logprobs.size(), 1u);
   EXPECT_EQ(events[1][0].top_logprobs[0].token, greedy) << "the alternatives are the model's own";
-  double maximum = first_logits[0];
-  for (float logit : first_logits) maximum = std::max<double>(maximum, logit);
-  double total = 0.0;
-  for (float logit : first_logits) total += std::exp(static_cast<double>(logit) - maximum);
-  const double log_normaliser = maximum + std::log(total);
+  const double log_normaliser = log_normaliser_of(first_logits);
   ASSERT_TRUE(events[1][0].logprob.has_value());
   EXPECT_NEAR(*events[1][0].logprob, first_logits[static_cast<size_t>(runner_up)] - log_normaliser, 1e-4);
   ASSERT_TRUE(events[0][0].logprob.has_value());
