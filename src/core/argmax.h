@@ -20,6 +20,6 @@ inline int64_t chosen_or_none(const float* values, int64_t size, int64_t best) {
 // broke, usually on NaN or inf weights. Said instead of decoding id 0 over and over.
 inline constexpr const char* kNoFiniteLogitError =
     "the forward pass gave no finite logit (every value NaN or -inf): the weights may hold NaN or inf values "
-    "(gemma4rt doctor checks a checkpoint)";
+    "(gemma4rt doctor names the tensors that hold them)";
 
 }  // namespace gemma4rt
