@@ -756,8 +756,8 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
   sequence.max_tokens = request.max_tokens;
   sequence.sampling = request.sampling;
   sequence.presence_penalty = request.presence_penalty;
-  sequence.logit_bias = request.logit_bias;
   sequence.frequency_penalty = request.frequency_penalty;
+  sequence.logit_bias = request.logit_bias;
   sequence.ignore_eos = request.ignore_eos;
   sequence.stop_token_ids = state.model.eos_token_ids;
   sequence.top_logprobs = request.logprobs;
