@@ -1273,13 +1273,15 @@ describe('draining on SIGTERM (--parallel 1)', () => {
 
   it('finishes running and queued requests, refuses new ones with 503 and exits 0', async () => {
     const usage = { stream_options: { include_usage: true } };
-    // Long enough (a few seconds of the tiny model) that the signal and the refusal come while it runs.
-    const running = await openStream(server, '/v1/completions', { ...LONG, ...usage, max_tokens: 12000 });
+    // Long enough (seconds of the tiny model) that the signal and the refusal come while it runs; the
+    // streams may take minutes under the sanitizers.
+    const slow = { timeoutMs: 180000 };
+    const running = await openStream(server, '/v1/completions', { ...LONG, ...usage, max_tokens: 6000 }, slow);
     assert.equal(running.response.status, 200);
     const events = await firstEvents(running, 3);
     assert.equal(events.length, 3);
     // A second request waits for the only slot.
-    const queued = await openStream(server, '/v1/completions', { ...LONG, ...usage, max_tokens: 300 });
+    const queued = await openStream(server, '/v1/completions', { ...LONG, ...usage, max_tokens: 300 }, slow);
     assert.equal(queued.response.status, 200);
     assert.equal((await metrics(server)).get('gemma4rt_queue_depth'), 1, 'the second request is queued');
     const first = drainStream(running, events);
@@ -1300,7 +1302,7 @@ describe('draining on SIGTERM (--parallel 1)', () => {
     assertErrorResponse(await postJson(server, '/v1/completions', { prompt: 'x' }, { timeoutMs: 5000 }), { status: 503, what: 'completion while draining' });
 
     await Promise.all([first.finished, second.finished]);
-    assertComplete(first.events, 12000, 'running request');
+    assertComplete(first.events, 6000, 'running request');
     assertComplete(second.events, 300, 'queued request');
     const exit = await Promise.race([server.exited, sleep(15000, null, { ref: false })]);
     assert.ok(exit, `the server did not exit within 15 s of finishing; stderr:\n${server.stderr()}`);
