@@ -14,6 +14,7 @@ using Action = std::function<int()>;
 // Flag checks whose messages name the bound (CLI11's own print the whole double range).
 const CLI::Validator& at_least_one();
 const CLI::Validator& zero_or_more();
+const CLI::Validator& seed_value();  // --seed: a whole number; -1 asks for a random one
 const CLI::Validator& zero_to_one();   // probabilities: CLI11's Range lets nan through
 const CLI::Validator& thread_count();  // --threads: 0 (one per core) to kMaxThreads
 

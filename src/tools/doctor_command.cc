@@ -10,6 +10,7 @@
 #include "backend/registry.h"
 #include "diagnostics/checkpoint_checks.h"
 #include "tools/commands.h"
+#include "tools/engine_flags.h"
 
 namespace gemma4rt::tools {
 namespace {
@@ -35,7 +36,7 @@ int doctor(const DoctorFlags& flags) {
   options.run_forward = !flags.no_forward;
   options.scan_values = !flags.no_scan;
   options.threads = flags.threads;
-  options.backend = flags.reference ? "reference" : flags.backend;
+  options.backend = chosen_backend(flags.backend, flags.reference, flags.device);
   options.device = flags.device;
   const DoctorReport report = run_checkpoint_checks(flags.model_dir, options);
 

@@ -24,6 +24,17 @@ int threads_per_process(int processes_here) {
 
 }  // namespace
 
+std::string chosen_backend(const std::string& backend, bool reference, int device) {
+  if (reference && backend != "cpu" && backend != "reference") fail("--reference is --backend reference; it cannot be combined with --backend {}", backend);
+  const std::string name = reference ? "reference" : backend;
+  // Only a GPU backend has devices to pick; a silently ignored index would let a user think the GPU ran.
+  if (device >= 0 && name != "vulkan") {
+    fail("--device {} picks a GPU, but the {} backend runs on this machine's CPU cores: drop --device or add --backend vulkan",
+         device, name);
+  }
+  return name;
+}
+
 void EngineFlags::add_to(CLI::App& command, TensorParallelRanks ranks) {
   command.add_option("--backend", backend,
                      "Where the forward pass runs: cpu (SIMD kernels, the default), reference (scalar fp32, the verification "
@@ -61,7 +72,7 @@ EngineOptions EngineFlags::options(std::unique_ptr<parallel::Communicator>* comm
   }
   options.threads = threads;
   if (launched > 1 && threads == 0) options.threads = threads_per_process(parallel::launched_local_size());
-  options.backend = reference ? "reference" : backend;
+  options.backend = chosen_backend(backend, reference, device);
   options.device = device;
   // A device with its own memory gets its weights uploaded once: show how far that is.
   options.on_weight_upload = [bar = std::shared_ptr<ProgressBar>()](uint64_t done, uint64_t total) mutable {
@@ -69,7 +80,6 @@ EngineOptions EngineFlags::options(std::unique_ptr<parallel::Communicator>* comm
     bar->update(done);
     if (done >= total) bar->finish();
   };
-  if (reference && backend != "cpu" && backend != "reference") fail("--reference is --backend reference; it cannot be combined with --backend {}", backend);
   if (options.backend == "reference" && !dtype.empty() && dtype != "f32") fail("--backend reference computes in f32; it cannot be combined with --dtype {}", dtype);
   if (options.backend == "reference" && kv == "bf16") fail("--backend reference keeps the KV cache in f32; it cannot be combined with --kv bf16");
   if (!dtype.empty()) options.weight_format = parse_weight_format(dtype);

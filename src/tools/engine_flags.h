@@ -29,4 +29,8 @@ struct EngineFlags {
   EngineOptions options(std::unique_ptr<parallel::Communicator>* communicator = nullptr) const;
 };
 
+// The backend --backend and --reference name together. Refuses the two naming different backends, and a
+// --device index for a backend that has no devices to pick (cpu, reference).
+std::string chosen_backend(const std::string& backend, bool reference, int device);
+
 }  // namespace gemma4rt::tools

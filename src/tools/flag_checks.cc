@@ -1,6 +1,8 @@
 // The numeric flag checks of every subcommand (declared in tools/commands.h). CLI11's PositiveNumber and
 // NonNegativeNumber answer a bad value with the whole range of a double; these name the bound.
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include <fmt/format.h>
@@ -39,6 +41,21 @@ const CLI::Validator& at_least_one() {
 
 const CLI::Validator& zero_or_more() {
   static const CLI::Validator check = bound_check(0.0, "a number of 0 or more", ">= 0");
+  return check;
+}
+
+const CLI::Validator& seed_value() {
+  // A whole number checked as one: through a double, 2^63 and above would pass and then saturate.
+  static const CLI::Validator check(
+      [](std::string& text) -> std::string {
+        int64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (error != std::errc() || end != text.data() + text.size() || value < -1) {
+          return fmt::format("expected a whole number from -1 to {}, got \"{}\"", INT64_MAX, text);
+        }
+        return "";
+      },
+      "-1 to 2^63-1");
   return check;
 }
 

@@ -2,6 +2,7 @@
 // (--chat) or token ids (--prompt-ids). Text streams to stdout; --json prints one JSON object instead.
 #include <cstdio>
 #include <optional>
+#include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -31,7 +32,7 @@ struct RunFlags {
   int top_k = 0;
   float top_p = 1.0f;
   float min_p = 0.0f;
-  uint64_t seed = 0;
+  int64_t seed = 0;  // -1: a random seed
   bool ignore_eos = false;
   int context_tokens = 4096;
   bool json = false;
@@ -51,6 +52,17 @@ std::shared_ptr<const constrain::Grammar> output_grammar(const RunFlags& flags) 
   } catch (const constrain::SchemaError& error) {
     fail("--json-schema {}: {}", flags.json_schema, error.what());
   }
+}
+
+// --seed -1 draws a seed, as llama.cpp does, and says which so the run can be repeated. Under mpirun every
+// rank samples the same token, so rank 0's draw is the one they all use.
+uint64_t sampling_seed(int64_t flag, parallel::Communicator* communicator, bool prints) {
+  if (flag >= 0) return static_cast<uint64_t>(flag);
+  std::random_device entropy;
+  uint64_t seed = (static_cast<uint64_t>(entropy()) << 32 | entropy()) & static_cast<uint64_t>(INT64_MAX);
+  if (communicator) communicator->broadcast(&seed, sizeof(seed), 0);
+  if (prints) fmt::print(stderr, "seed: {}\n", seed);
+  return seed;
 }
 
 Tokenizer load_tokenizer_for(const std::filesystem::path& model_dir, const char* why) {
@@ -114,7 +126,7 @@ int run(const RunFlags& flags) {
 
   GenerationOptions options;
   options.max_tokens = flags.max_tokens;
-  options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.min_p, flags.seed};
+  options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.min_p, sampling_seed(flags.seed, communicator.get(), prints)};
   options.ignore_eos = flags.ignore_eos;
   options.stop_token_ids.assign(config.eos_token_ids.begin(), config.eos_token_ids.end());
   options.top_logprobs = flags.logprobs;
@@ -223,7 +235,8 @@ Action add_run_command(CLI::App& app) {
   command->add_option("--top-k", flags->top_k, "Keep the k most likely tokens; 0 = all")->check(zero_or_more());
   command->add_option("--top-p", flags->top_p, "Nucleus sampling mass")->check(zero_to_one());
   command->add_option("--min-p", flags->min_p, "Drop tokens below min-p times the best token's probability")->check(zero_to_one());
-  command->add_option("--seed", flags->seed, "Random seed for sampling");
+  command->add_option("--seed", flags->seed, "Random seed for sampling; -1 picks one at random and prints it (default 0)")
+      ->check(seed_value());
   command->add_flag("--ignore-eos", flags->ignore_eos, "Do not stop on the checkpoint's end-of-sequence tokens");
   command->add_option("--ctx", flags->context_tokens, "Context length: KV cache positions allocated at load")->check(at_least_one());
   flags->engine.add_to(*command);

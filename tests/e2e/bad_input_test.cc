@@ -185,6 +185,14 @@ TEST(BadInput, FlagOutOfRange) {
   expect_clear_failure(kSource, {"--temperature", "\"warm\""}, {"--temperature", "warm"});
   expect_clear_failure(kSource, {"--backend", "tpu", "cpu", "reference"}, {"--backend", "tpu"});
   expect_clear_failure(kSource, {"--backend reference", "--dtype q8"}, {"--backend", "reference", "--dtype", "q8"});
+  expect_clear_failure(kSource, {"--seed", "from -1 to 9223372036854775807", "\"-2\""}, {"--seed", "-2"});
+  expect_clear_failure(kSource, {"--seed", "\"9223372036854775808\""}, {"--seed", "9223372036854775808"});
+  // A device index means a GPU; the CPU backends have none to pick, so it is refused, not ignored.
+  expect_clear_failure(kSource, {"--device 0", "cpu backend", "--backend vulkan"}, {"--device", "0"});
+  expect_clear_failure(kSource, {"--device 1", "reference backend"}, {"--reference", "--device", "1"});
+  const CommandResult doctor = run_gemma4rt({"doctor", "--model", kSource.string(), "--device", "0"});
+  EXPECT_EQ(doctor.exit_code, 1);
+  EXPECT_NE(doctor.err.find("--device 0 picks a GPU, but the cpu backend"), std::string::npos) << doctor.err;
   const CommandResult plan = run_gemma4rt({"plan", "--shape", "e2b", "--target", "h200", "--batch", "0"});
   EXPECT_EQ(plan.exit_code, 1);
   EXPECT_NE(plan.err.find("gemma4rt: error: --batch: expected a number of at least 1, got \"0\""), std::string::npos) << plan.err;

@@ -237,6 +237,27 @@ TEST(RunCommand, SamplingIsReproducibleWithASeed) {
   EXPECT_EQ(first["tokens"].size(), 12u);
 }
 
+// --seed -1 draws a seed (as llama.cpp reads it) and prints it, so that run can be repeated exactly.
+TEST(RunCommand, SeedMinusOneDrawsOneAndSaysWhich) {
+  std::vector<std::string> arguments = {"run", "--model", (kModels / "tiny-e4b").string(), "--prompt", "The capital of", "--temperature", "1.5",
+                                        "--max-tokens", "12", "--ignore-eos", "--json", "--seed", "-1"};
+  auto drawn_seed = [](const CommandResult& result) {
+    const size_t at = result.err.find("seed: ");
+    EXPECT_NE(at, std::string::npos) << result.err;
+    return at == std::string::npos ? std::string() : result.err.substr(at + 6, result.err.find('\n', at) - at - 6);
+  };
+  const CommandResult first = run_gemma4rt(arguments), second = run_gemma4rt(arguments);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  const std::string seed = drawn_seed(first);
+  EXPECT_NE(seed, drawn_seed(second));
+  arguments.back() = seed;
+  const CommandResult repeated = run_gemma4rt(arguments);
+  ASSERT_EQ(repeated.exit_code, 0) << repeated.err;
+  EXPECT_EQ(repeated.err.find("seed: "), std::string::npos) << repeated.err;  // a given seed is not echoed
+  EXPECT_EQ(nlohmann::json::parse(repeated.out)["tokens"], nlohmann::json::parse(first.out)["tokens"]);
+}
+
 // bench --sequences runs steps of several sequences beside single-sequence ones and reports both.
 TEST(BenchCommand, StepsOfSeveralSequences) {
   const CommandResult bench = run_gemma4rt(
