@@ -18,13 +18,16 @@ struct BatchScheduler::Sequence {
   int32_t last_token = 0;           // the token the next decode row feeds
   int generated = 0;
   std::unordered_map<int32_t, int> counts;  // generated token -> occurrences (penalties)
+  std::vector<int32_t> cached;      // the tokens at positions [0, position): what its slot will hold
   bool finished = false;
+  bool failed = false;              // ended with "error": a half-run step may have left its slot's K/V stale
   bool prefilling() const { return prompt_done < request.prompt.size(); }
 };
 
 BatchScheduler::BatchScheduler(Transformer& transformer, const Options& options) : transformer_(transformer), options_(options) {
   options_.prefill_chunk = std::max(1, options_.prefill_chunk);
-  for (int slot = transformer.sequences() - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+  for (int slot = 0; slot < transformer.sequences(); ++slot) free_slots_.push_back(slot);
+  slot_tokens_.resize(static_cast<size_t>(transformer.sequences()));
   const int max_rows = transformer.max_chunk_tokens();
   if (max_rows < transformer.sequences()) {
     fail("the engine's chunk of {} rows cannot hold one decode row for each of {} sequences", max_rows, transformer.sequences());
@@ -79,6 +82,7 @@ SchedulerStats BatchScheduler::stats() const {
   stats.kv_slots = transformer_.sequences();
   stats.generated_tokens = generated_tokens_.load();
   stats.prompt_tokens = prompt_tokens_.load();
+  stats.cached_prompt_tokens = cached_prompt_tokens_.load();
   stats.recent_tokens_per_second = recent_tokens_per_second_.load();
   return stats;
 }
@@ -86,7 +90,33 @@ SchedulerStats BatchScheduler::stats() const {
 void BatchScheduler::finish(Sequence& sequence, const std::string& reason, const std::string& error) {
   if (sequence.finished) return;
   sequence.finished = true;
+  sequence.failed = reason == "error";
   if (sequence.request.on_finish) sequence.request.on_finish(reason, error);
+}
+
+void BatchScheduler::assign_slot(Sequence& sequence) {
+  const std::vector<int32_t>& prompt = sequence.request.prompt;
+  size_t choice = 0;
+  int reused = 0;
+  for (size_t i = 0; options_.reuse_prefixes && i < free_slots_.size(); ++i) {
+    const std::vector<int32_t>& cached = slot_tokens_[free_slots_[i]];
+    // The prompt's last token is always computed: its logits choose the first token.
+    const size_t limit = std::min(cached.size(), prompt.size() - 1);
+    const int common = static_cast<int>(std::mismatch(prompt.begin(), prompt.begin() + limit, cached.begin()).first - prompt.begin());
+    const int usable = transformer_.kv_cache().reusable_prefix(static_cast<int>(cached.size()), common);
+    if (usable > reused) {
+      reused = usable;
+      choice = i;
+    }
+  }
+  sequence.slot = free_slots_[choice];
+  free_slots_.erase(free_slots_.begin() + static_cast<ptrdiff_t>(choice));
+  slot_tokens_[sequence.slot].clear();
+  sequence.prompt_done = static_cast<size_t>(reused);
+  sequence.position = reused;
+  sequence.cached.assign(prompt.begin(), prompt.begin() + reused);
+  sequence.handle->set_cached_prompt_tokens(reused);
+  cached_prompt_tokens_ += reused;
 }
 
 void BatchScheduler::engine_loop() {
@@ -123,8 +153,7 @@ void BatchScheduler::engine_loop() {
       while (!queue_.empty() && !free_slots_.empty()) {
         auto sequence = std::move(queue_.front());
         queue_.pop_front();
-        sequence->slot = free_slots_.back();
-        free_slots_.pop_back();
+        assign_slot(*sequence);
         running.push_back(std::move(sequence));
       }
       running_count_ = static_cast<int>(running.size());
@@ -159,7 +188,9 @@ void BatchScheduler::engine_loop() {
     // Hand finished sequences' slots back.
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& sequence : running) {
-      if (sequence->finished) free_slots_.push_back(sequence->slot);
+      if (!sequence->finished) continue;
+      if (!sequence->failed) slot_tokens_[sequence->slot] = std::move(sequence->cached);
+      free_slots_.push_back(sequence->slot);
     }
     std::erase_if(running, [](const auto& sequence) { return sequence->finished; });
     running_count_ = static_cast<int>(running.size());
@@ -222,8 +253,13 @@ void BatchScheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
     transformer_.forward(rows_, logit_rows_, logits_.data(), logprobs ? log_normalisers_.data() : nullptr);
   }
   // The rows are in the cache now: each decode row advanced its sequence by one position.
-  for (Sequence* sequence : decoding) ++sequence->position;
+  for (Sequence* sequence : decoding) {
+    sequence->cached.push_back(sequence->last_token);
+    ++sequence->position;
+  }
   for (auto& [sequence, take] : prefilled) {
+    const auto first = sequence->request.prompt.begin() + static_cast<ptrdiff_t>(sequence->prompt_done);
+    sequence->cached.insert(sequence->cached.end(), first, first + take);
     sequence->prompt_done += take;
     sequence->position += take;
     prompt_tokens_ += take;

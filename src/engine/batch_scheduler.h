@@ -3,6 +3,8 @@
 // so every weight is read once for all of them and a newcomer's long prompt stalls running streams
 // for at most one chunk. Requests join at step boundaries, each in its own KV slot; beyond the slots
 // they wait in a bounded queue.
+// A finished sequence's K/V stays in its slot: a newcomer whose prompt starts with the same tokens (the
+// next turn of a chat resends the whole conversation) takes that slot and computes only the rest.
 #pragma once
 
 #include <atomic>
@@ -60,9 +62,14 @@ class SequenceHandle {
  public:
   void cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
+  // Prompt tokens whose K/V an earlier sequence left in the slot (not computed again); set by the
+  // scheduler when the sequence starts, before its first token.
+  int cached_prompt_tokens() const { return cached_prompt_tokens_.load(); }
+  void set_cached_prompt_tokens(int count) { cached_prompt_tokens_.store(count); }
 
  private:
   std::atomic<bool> cancelled_{false};
+  std::atomic<int> cached_prompt_tokens_{0};
 };
 
 struct SchedulerStats {
@@ -70,7 +77,8 @@ struct SchedulerStats {
   int running = 0;
   int kv_slots = 0;
   int64_t generated_tokens = 0;
-  int64_t prompt_tokens = 0;
+  int64_t prompt_tokens = 0;         // prompt tokens computed
+  int64_t cached_prompt_tokens = 0;  // prompt tokens found in a slot and not computed again
   double recent_tokens_per_second = 0.0;
 };
 
@@ -79,6 +87,7 @@ class BatchScheduler {
   struct Options {
     int max_queue = 64;          // waiting requests beyond the running ones; more are refused
     int prefill_chunk = 64;      // prompt rows one sequence may add to a step
+    bool reuse_prefixes = true;  // start a prompt from the K/V a finished sequence left in a free slot
     // Called on the engine thread with each step's rows just before the forward pass, so other
     // tensor-parallel processes can run the same step (see engine/step_mirror.h).
     std::function<void(std::span<const BatchRow>, std::span<const int>)> before_forward;
@@ -101,6 +110,9 @@ class BatchScheduler {
   // logits comes their log normaliser (log-sum-exp, from the device).
   void emit(Sequence& sequence, float* logits, float log_normaliser, const int32_t* greedy_id);
   void finish(Sequence& sequence, const std::string& reason, const std::string& error = {});
+  // Takes the free slot whose cached tokens save `sequence` the most prompt rows (else the one freed
+  // longest ago, keeping recent conversations for their next turn) and starts the sequence after them.
+  void assign_slot(Sequence& sequence);
 
   Transformer& transformer_;
   Options options_;
@@ -108,12 +120,14 @@ class BatchScheduler {
   std::condition_variable wake_;
   std::condition_variable idle_;
   std::deque<std::unique_ptr<Sequence>> queue_;
-  std::vector<int> free_slots_;
+  std::vector<int> free_slots_;                   // the slot freed longest ago first
+  std::vector<std::vector<int32_t>> slot_tokens_;  // by slot: the tokens whose K/V it holds, from position 0
   int running_count_ = 0;
   bool stopping_ = false;
   bool draining_ = false;
   std::atomic<int64_t> generated_tokens_{0};
   std::atomic<int64_t> prompt_tokens_{0};
+  std::atomic<int64_t> cached_prompt_tokens_{0};
   std::atomic<double> recent_tokens_per_second_{0.0};
   std::thread engine_thread_;
   std::vector<float> logits_;

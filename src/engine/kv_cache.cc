@@ -36,4 +36,18 @@ size_t KvCache::bytes_per_context_token() const {
   return total * sequences_;
 }
 
+int KvCache::reusable_prefix(int cached, int common) const {
+  if (common <= 0 || common > cached) return 0;
+  for (int layer = 0; layer < config_->num_layers; ++layer) {
+    const LayerConfig& geometry = config_->layers[layer];
+    if (capacity_[layer] == 0 || !geometry.is_sliding()) continue;
+    // Position `common` reads the window [common - window + 1, common]; the ring's slot for position p
+    // was last written by the old sequence's latest position congruent to p, which is p itself only
+    // while p >= cached - capacity.
+    const int oldest_read = std::max(0, common - geometry.sliding_window + 1);
+    if (oldest_read < cached - capacity_[layer]) return 0;
+  }
+  return common;
+}
+
 }  // namespace gemma4rt

@@ -40,6 +40,11 @@ class KvCache {
   size_t size_bytes() const { return size_bytes_; }
   // Bytes one more position of context costs across all layers (sliding rings excluded: they are fixed).
   size_t bytes_per_context_token() const;
+  // A slot holds the K/V of `cached` positions and a new sequence shares its first `common` tokens: how
+  // many of them it can keep instead of computing again. `common`, when every sliding ring still holds
+  // the window position `common` attends to (later positions of the old sequence overwrite the ring's
+  // oldest entries); else 0, as a shorter prefix needs even older entries.
+  int reusable_prefix(int cached, int common) const;
 
  private:
   struct Storage {

@@ -62,8 +62,10 @@ std::string Metrics::render(const SchedulerStats* stats, bool ready, bool draini
         "gemma4rt_kv_slots_in_use {}\n"
         "# HELP gemma4rt_kv_slots KV cache slots allocated (--parallel).\n# TYPE gemma4rt_kv_slots gauge\ngemma4rt_kv_slots {}\n"
         "# HELP gemma4rt_tokens_per_second Tokens sampled per second in the latest engine step.\n# TYPE gemma4rt_tokens_per_second gauge\n"
-        "gemma4rt_tokens_per_second {:.3f}\n",
-        stats->queued, stats->running, stats->running, stats->kv_slots, stats->recent_tokens_per_second);
+        "gemma4rt_tokens_per_second {:.3f}\n"
+        "# HELP gemma4rt_prompt_tokens_cached_total Prompt tokens whose K/V an earlier request left in a slot (not computed again).\n"
+        "# TYPE gemma4rt_prompt_tokens_cached_total counter\ngemma4rt_prompt_tokens_cached_total {}\n",
+        stats->queued, stats->running, stats->running, stats->kv_slots, stats->recent_tokens_per_second, stats->cached_prompt_tokens);
   }
   return text;
 }

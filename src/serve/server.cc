@@ -326,7 +326,7 @@ class ResponseBuilder {
   }
 
   // The last chunks of a stream: what the parser held back, the finish reason, the usage.
-  std::vector<json> finish_stream(const std::string& reason, int completion_tokens) {
+  std::vector<json> finish_stream(const std::string& reason, int completion_tokens, int cached_prompt_tokens) {
     std::vector<json> chunks;
     if (request_.chat) {
       OutputDelta delta = parser_.finish();
@@ -341,7 +341,7 @@ class ResponseBuilder {
     if (request_.include_usage) {
       json usage_chunk = {{"id", id_}, {"object", request_.chat ? "chat.completion.chunk" : "text_completion"},
                           {"created", created_}, {"model", state_.model.id}, {"choices", json::array()},
-                          {"usage", usage(completion_tokens)}};
+                          {"usage", usage(completion_tokens, cached_prompt_tokens)}};
       chunks.push_back(std::move(usage_chunk));
     }
     return chunks;
@@ -349,7 +349,7 @@ class ResponseBuilder {
 
   json first_chunk() { return chat_chunk({{"role", "assistant"}, {"content", ""}}, nullptr); }
 
-  json whole(const std::string& reason, int completion_tokens) {
+  json whole(const std::string& reason, int completion_tokens, int cached_prompt_tokens) {
     json choice = {{"index", 0}, {"finish_reason", nullptr}};
     if (request_.chat) {
       parser_.finish();
@@ -376,7 +376,7 @@ class ResponseBuilder {
             {"created", created_},
             {"model", state_.model.id},
             {"choices", json::array({choice})},
-            {"usage", usage(completion_tokens)}};
+            {"usage", usage(completion_tokens, cached_prompt_tokens)}};
   }
 
  private:
@@ -386,9 +386,13 @@ class ResponseBuilder {
     return "stop";  // cancelled/timeout end a stream cleanly
   }
 
-  json usage(int completion_tokens) const {
+  // OpenAI's shape: cached_tokens are the prompt tokens an earlier request's K/V spared computing.
+  json usage(int completion_tokens, int cached_prompt_tokens) const {
     const int prompt = static_cast<int>(request_.prompt_tokens.size());
-    return {{"prompt_tokens", prompt}, {"completion_tokens", completion_tokens}, {"total_tokens", prompt + completion_tokens}};
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt + completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens}}}};
   }
 
   json record_logprob(const Piece& piece) {
@@ -875,7 +879,8 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
     metrics_.add_completion_tokens(completion_tokens);
     metrics_.observe_request_latency(seconds);
     log_request(route, 200,
-                fmt::format("tokens in {} out {}, first token {}, {:.3f} s, {}", prompt_tokens, completion_tokens,
+                fmt::format("tokens in {} (cached {}) out {}, first token {}, {:.3f} s, {}", prompt_tokens,
+                            session->handle->cached_prompt_tokens(), completion_tokens,
                             time_to_first_token >= 0 ? fmt::format("{:.3f} s", time_to_first_token) : "none", seconds, reason));
     active_responses_--;
   };
@@ -935,12 +940,12 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
           const json failure = error_body(ApiError(500, "server_error", "generation failed: " + error));
           if (!write(stream ? sse(failure) + "data: [DONE]\n\n" : dump(failure))) return false;
         } else if (stream) {
-          for (const json& chunk : builder->finish_stream(reason, completion_tokens)) {
+          for (const json& chunk : builder->finish_stream(reason, completion_tokens, session->handle->cached_prompt_tokens())) {
             if (!write(sse(chunk))) return false;
           }
           if (!write("data: [DONE]\n\n")) return false;
         } else {
-          if (!write(dump(builder->whole(reason, completion_tokens)))) return false;
+          if (!write(dump(builder->whole(reason, completion_tokens, session->handle->cached_prompt_tokens())))) return false;
         }
         sink.done();
         return true;

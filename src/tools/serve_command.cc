@@ -26,6 +26,7 @@ struct ServeFlags {
   int context_tokens = 4096;
   int max_queue = 64;
   int prefill_chunk = 128;
+  bool no_prefix_cache = false;
   double max_body_mb = 8.0;
   EngineFlags engine;
 };
@@ -93,6 +94,7 @@ int serve_model(ServeFlags flags) {
     BatchScheduler::Options scheduler_options;
     scheduler_options.max_queue = flags.max_queue;
     scheduler_options.prefill_chunk = flags.prefill_chunk;
+    scheduler_options.reuse_prefixes = !flags.no_prefix_cache;
     if (communicator) {
       scheduler_options.before_forward = [&communicator](std::span<const BatchRow> rows, std::span<const int> logit_rows) {
         broadcast_step(*communicator, rows, logit_rows);
@@ -132,6 +134,9 @@ Action add_serve_command(CLI::App& app) {
   command->add_option("--api-key", flags->server.api_key, "Require 'Authorization: Bearer KEY' on /v1 routes");
   command->add_option("--timeout", flags->server.request_timeout_seconds, "Per-request time limit in seconds (0: none)")->check(zero_or_more());
   command->add_option("--prefill-chunk", flags->prefill_chunk, "Prompt tokens a newcomer adds per step")->check(CLI::Range(1, 8192));
+  command->add_flag("--no-prefix-cache", flags->no_prefix_cache,
+                    "Compute every prompt in full (by default a prompt that starts like an earlier request, e.g. the next turn of a "
+                    "chat, starts from the K/V that request left in its slot)");
   command->add_option("--alias", flags->alias, "Model name reported by /v1/models (default: the directory name)");
   command->add_option("--max-body-mb", flags->max_body_mb, "Largest request body accepted")->check(at_least_one());
   flags->engine.add_to(*command);

@@ -1,7 +1,10 @@
 // The scheduler keeps a failure to the request that causes it: when a step throws, each sequence is
 // retried alone, and only the ones that fail alone end with "error". Logprobs of batched sequences are
-// the log-softmax of their logits, whatever logit_bias did to the choice.
+// the log-softmax of their logits, whatever logit_bias did to the choice. A prompt that starts like the
+// previous sequence of its slot starts from that sequence's K/V exactly when the sliding rings still
+// hold what it reads.
 #include <cmath>
+#include <future>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -179,6 +182,83 @@ TEST(BatchScheduler, LogitBiasMovesTheChoiceNotTheLogprobs) {
   EXPECT_NEAR(*events[1][0].logprob, first_logits[static_cast<size_t>(runner_up)] - log_normaliser, 1e-4);
   ASSERT_TRUE(events[0][0].logprob.has_value());
   EXPECT_NEAR(*events[0][0].logprob, first_logits[static_cast<size_t>(forced)] - log_normaliser, 1e-4);
+}
+
+// One KV slot, sliding window 8 (the golden tiny-e2b), chunks of 4 rows: each sliding ring keeps
+// 8 + 4 - 1 = 11 positions. A first sequence feeds 21 positions (a 10-token prompt, 11 of its 12 tokens),
+// so the ring's slot for position p holds p only for p >= 21 - 11 = 10. A second prompt sharing its
+// first c tokens may start at position c when position c's window [c - 7, c] needs nothing older:
+// c >= 17. Whatever the scheduler reuses, each token's log-probability must equal that of a forward
+// pass over the whole text in a fresh engine.
+TEST(BatchScheduler, APromptStartsFromItsSlotsCachedPrefixOnlyWhereTheRingsHoldIt) {
+  auto model = Model::load(std::string(GEMMA4RT_TEST_DATA) + "/golden/tiny-e2b");
+  const std::vector<int32_t> first_prompt = {2, 11, 22, 33, 44, 55, 66, 77, 88, 99};
+  struct Run {
+    std::vector<TokenEvent> first, second;
+    int cached = -1;
+  };
+  auto run = [&](const std::vector<int32_t>& second_prompt, bool reuse) {
+    EngineOptions options = engine_options(1);
+    options.backend = "reference";
+    options.max_chunk_tokens = 4;
+    Transformer transformer(*model, options);
+    BatchScheduler::Options scheduler_options;
+    scheduler_options.prefill_chunk = 4;
+    scheduler_options.reuse_prefixes = reuse;
+    BatchScheduler scheduler(transformer, scheduler_options);
+    Run result;
+    for (const bool second : {false, true}) {
+      SequenceRequest request;
+      request.prompt = second ? second_prompt : first_prompt;
+      request.max_tokens = second ? 4 : 12;
+      request.ignore_eos = true;
+      request.top_logprobs = 0;
+      request.on_token = [&result, second](const TokenEvent& event) {
+        (second ? result.second : result.first).push_back(event);
+        return true;
+      };
+      std::promise<void> finished;
+      request.on_finish = [&finished](const std::string&, const std::string&) { finished.set_value(); };
+      auto handle = scheduler.submit(std::move(request));
+      EXPECT_NE(handle, nullptr);
+      if (handle) finished.get_future().wait();
+      if (second) result.cached = handle->cached_prompt_tokens();
+    }
+    return result;
+  };
+
+  // What the slot holds after the first sequence: its prompt and the 11 tokens it fed back.
+  const Run plain = run({2, 5}, false);
+  ASSERT_EQ(plain.first.size(), 12u);
+  EXPECT_EQ(plain.cached, 0);
+  std::vector<int32_t> held = first_prompt;
+  for (size_t i = 0; i + 1 < plain.first.size(); ++i) held.push_back(plain.first[i].token);
+  ASSERT_EQ(held.size(), 21u);
+
+  EngineOptions fresh_options = engine_options(1);
+  fresh_options.backend = "reference";
+  Transformer fresh(*model, fresh_options);
+  const std::vector<int32_t> tail = {301, 302, 303};
+  // shared tokens -> tokens expected to be reused
+  const std::vector<std::pair<int, int>> cases = {{21, 21}, {18, 18}, {17, 17}, {16, 0}, {12, 0}, {3, 0}};
+  for (const auto& [shared, expected] : cases) {
+    SCOPED_TRACE("sharing " + std::to_string(shared) + " tokens");
+    std::vector<int32_t> prompt(held.begin(), held.begin() + shared);
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    const Run reused = run(prompt, true);
+    EXPECT_EQ(reused.cached, expected);
+    ASSERT_EQ(reused.second.size(), 4u);
+    std::vector<int32_t> text = prompt;
+    for (const TokenEvent& event : reused.second) {
+      const std::span<const float> logits = fresh.forward(text, 0);
+      EXPECT_EQ(event.token, argmax(logits));
+      ASSERT_TRUE(event.logprob.has_value());
+      EXPECT_NEAR(*event.logprob, logits[static_cast<size_t>(event.token)] - log_normaliser_of(logits), 1e-4);
+      text.push_back(event.token);
+    }
+  }
+  // The whole held text as the prompt: its last token is computed again, for the logits.
+  EXPECT_EQ(run(held, true).cached, 20);
 }
 
 }  // namespace
