@@ -7,7 +7,7 @@
 namespace gemma4rt {
 
 KvCache::KvCache(backend::Backend& backend, const ModelConfig& config, int context_tokens, int max_chunk_tokens, int sequences,
-                 KvFormat format, std::vector<int> kv_heads)
+                 KvFormat format, std::vector<int> kv_heads, bool full_sliding)
     : config_(&config), context_tokens_(context_tokens), sequences_(sequences), format_(format), capacity_(config.num_layers, 0),
       kv_heads_(std::move(kv_heads)), storage_(config.num_layers) {
   if (kv_heads_.empty()) {
@@ -18,7 +18,8 @@ KvCache::KvCache(backend::Backend& backend, const ModelConfig& config, int conte
   for (int layer = 0; layer < config.num_layers; ++layer) {
     const LayerConfig& geometry = config.layers[layer];
     if (!geometry.owns_kv(layer)) continue;
-    capacity_[layer] = geometry.is_sliding() ? std::min(context_tokens, geometry.sliding_window + max_chunk_tokens - 1) : context_tokens;
+    capacity_[layer] = geometry.is_sliding() && !full_sliding ? std::min(context_tokens, geometry.sliding_window + max_chunk_tokens - 1)
+                                                               : context_tokens;
     const size_t bytes = static_cast<size_t>(sequences) * capacity_[layer] * row_elements(layer) * element_bytes();
     // K=V layers keep only the values; attention rebuilds each key from its value.
     if (!geometry.k_eq_v) storage_[layer].keys = backend.allocate(bytes);

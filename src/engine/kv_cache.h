@@ -2,7 +2,7 @@
 // of sequences. Only layers that compute their own K/V own storage; KV-shared layers read their source
 // layer's. Full-attention layers keep one slot per context position; sliding layers keep a ring of
 // sliding_window + chunk - 1 slots: the oldest key the first row of a chunk needs survives while the
-// whole chunk is written. A layer's keys (and values) are one buffer [sequence][slot][KV heads * head dim].
+// whole chunk is written (or, with full_sliding, one slot per position too). A layer's keys (and values) are one buffer [sequence][slot][KV heads * head dim].
 // K=V layers (V = v_norm(k_proj x), K = RoPE(k_norm(k_proj x))) keep only the values: K is V scaled by
 // the k_norm weight and rotated, so attention rebuilds it (AttentionShape::DerivedKeys) and the layer's
 // cache is half the size.
@@ -22,7 +22,7 @@ class KvCache {
  public:
   // kv_heads: KV heads kept per layer (a tensor-parallel rank keeps its share); empty = the config's.
   KvCache(backend::Backend& backend, const ModelConfig& config, int context_tokens, int max_chunk_tokens, int sequences,
-          KvFormat format, std::vector<int> kv_heads = {});
+          KvFormat format, std::vector<int> kv_heads = {}, bool full_sliding = false);
 
   int context_tokens() const { return context_tokens_; }
   int sequences() const { return sequences_; }

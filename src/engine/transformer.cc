@@ -117,7 +117,8 @@ void Transformer::load() {
   if (partition_) {
     for (const LayerPartition& layer : partition_->layers) kv_heads.push_back(static_cast<int>(layer.kv_heads.count));
   }
-  cache_ = std::make_unique<KvCache>(device, config_, options_.context_tokens, options_.max_chunk_tokens, options_.sequences, kv_format, kv_heads);
+  cache_ = std::make_unique<KvCache>(device, config_, options_.context_tokens, options_.max_chunk_tokens, options_.sequences, kv_format, kv_heads,
+                                     options_.full_sliding_cache);
 
   auto prepare = [&](const TensorView& view) {
     const Weight weight = device.prepare_weight(view, weight_format_);
@@ -289,6 +290,7 @@ uint64_t Transformer::check_fits(KvFormat kv_format) const {
     plan.context_tokens = options_.context_tokens;
     plan.batch = options_.sequences;
     plan.prefill_chunk_tokens = options_.max_chunk_tokens;
+    plan.full_sliding_cache = options_.full_sliding_cache;
     const planning::RankMemory needed =
         planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), planning::parse_target("cpu:1"), plan);
     const int64_t allocated = needed.kv_cache_bytes + needed.activation_bytes;
@@ -308,6 +310,7 @@ uint64_t Transformer::check_fits(KvFormat kv_format) const {
   plan.context_tokens = options_.context_tokens;
   plan.batch = options_.sequences;
   plan.prefill_chunk_tokens = options_.max_chunk_tokens;
+  plan.full_sliding_cache = options_.full_sliding_cache;
   const planning::RankMemory needed = planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), target, plan);
   if (needed.total_bytes > static_cast<int64_t>(memory)) {
     fail("the model does not fit the {} device: it needs {:.2f} GB ({:.2f} GB of {} weights, {:.2f} GB of {} KV cache for {} x {} tokens) "

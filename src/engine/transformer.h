@@ -33,6 +33,9 @@ struct EngineOptions {
   int context_tokens = 4096;    // KV cache positions per sequence
   int max_chunk_tokens = 0;     // rows per forward step (prefill chunk); 0 = the backend's default
   int sequences = 1;            // independent KV slots (batched decode)
+  // Sliding layers keep every position of the context instead of a ring of window + chunk - 1: more
+  // memory, but a slot's cached prefix stays reusable however the new prompt diverges (kv_cache.h).
+  bool full_sliding_cache = false;
   int threads = 0;              // host threads; 0 = one per core this process may use
   int device = -1;              // a GPU backend's device index; -1 = the backend's own choice
   std::optional<WeightFormat> weight_format;   // default: the backend's choice for the checkpoint's dtype

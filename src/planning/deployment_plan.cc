@@ -192,14 +192,15 @@ RankBytes compute_rank_bytes(const ModelConfig& config, const ShardPlan& shards,
   memory.weight_bytes = memory.decoder_layer_bytes + memory.lm_head_bytes + memory.other_weight_bytes;
 
   // KV cache: only layers that compute their own K/V; a sliding layer's ring holds the window plus the
-  // rest of a prefill chunk (kv_cache.cc), a full layer every position.
+  // rest of a prefill chunk (kv_cache.cc), unless asked to keep every position as a full layer does.
   const int64_t kv_value_bytes = options.dtype == WeightFormat::kF32 ? 4 : 2;
   const int64_t window_extra = options.prefill_chunk_tokens - 1;
   for (const LayerShard& shard : shards.layers()) {
     if (!shard.owns_kv) continue;
     const LayerConfig& geometry = config.layers[static_cast<size_t>(shard.layer)];
-    const int64_t slots = shard.sliding ? std::min<int64_t>(options.context_tokens, geometry.sliding_window + window_extra)
-                                        : options.context_tokens;
+    const int64_t slots = shard.sliding && !options.full_sliding_cache
+                              ? std::min<int64_t>(options.context_tokens, geometry.sliding_window + window_extra)
+                              : options.context_tokens;
     // gemma4rt caches one tensor on K=V layers (keys are rebuilt from values); the Neuron port caches both.
     const int64_t tensors = geometry.k_eq_v && target.kind != TargetKind::kNeuron ? 1 : 2;
     memory.kv_cache_bytes += static_cast<int64_t>(options.batch) * slots * shard.kv_heads_per_rank * shard.head_dim * tensors * kv_value_bytes;
@@ -593,7 +594,8 @@ nlohmann::json to_json(const DeploymentPlan& plan) {
                   {"kv_dtype", plan.options.dtype == WeightFormat::kF32 ? "f32" : "bf16"},
                   {"context_tokens", plan.options.context_tokens},
                   {"batch", plan.options.batch},
-                  {"prefill_chunk_tokens", plan.options.prefill_chunk_tokens}};
+                  {"prefill_chunk_tokens", plan.options.prefill_chunk_tokens},
+                  {"full_sliding_cache", plan.options.full_sliding_cache}};
   auto memory_json = [](const RankMemory& memory) {
     return json{{"tp", memory.tp},
                 {"decoder_layer_bytes", memory.decoder_layer_bytes},

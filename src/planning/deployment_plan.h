@@ -70,6 +70,7 @@ struct PlanOptions {
   int context_tokens = 4096;                // KV positions per sequence (the engine's default context)
   int batch = 1;                            // sequences decoded together, each with its own cache
   int prefill_chunk_tokens = 256;           // rows per forward pass (the engine's fast-path chunk)
+  bool full_sliding_cache = false;          // sliding layers keep every position (EngineOptions::full_sliding_cache)
   std::optional<int> tp;                    // judge this degree instead of the smallest that fits
 };
 

@@ -32,6 +32,7 @@ struct PlanFlags {
   std::string dtype;  // "": the checkpoint's own
   std::string context = "4096";  // a number of tokens, or "max" for the model's max_position_embeddings
   int batch = 1;
+  bool full_sliding_cache = false;
   bool show_shards = false;
   bool json = false;
 };
@@ -79,9 +80,10 @@ void print_deployment(const DeploymentPlan& plan) {
              static_cast<double>(plan.parameter_count) / 1e9, target.name);
   fmt::print("  target: {}; usable per rank {} ({:.0f}%){}\n", target.description, gb(target.usable_per_rank_bytes()),
              target.usable_fraction * 100.0, target.host_memory_bytes ? fmt::format(", host {}", capacity(*target.host_memory_bytes)) : "");
-  fmt::print("  weights {}, KV cache {}, context {} tokens, batch {}, prefill chunk {} tokens\n",
+  fmt::print("  weights {}, KV cache {}{}, context {} tokens, batch {}, prefill chunk {} tokens\n",
              format_name(plan.options.dtype), plan.options.dtype == WeightFormat::kF32 ? "f32" : "bf16",
-             plan.options.context_tokens, plan.options.batch, plan.options.prefill_chunk_tokens);
+             plan.options.full_sliding_cache ? " (full on sliding layers)" : "", plan.options.context_tokens, plan.options.batch,
+             plan.options.prefill_chunk_tokens);
   if (target.kind != planning::TargetKind::kCpu) {
     fmt::print("  host-side: token embedding and PLE tables, {}, gathered per token from the mmap\n", gb(plan.host_table_bytes));
   }
@@ -153,6 +155,7 @@ int plan(const PlanFlags& flags) {
     options.dtype = planning::parse_weight_dtype(!flags.dtype.empty() ? flags.dtype : flags.model_dir.empty() ? "bf16" : checkpoint_dtype(flags.model_dir));
     options.context_tokens = context_tokens(flags.context, config);
     options.batch = flags.batch;
+    options.full_sliding_cache = flags.full_sliding_cache;
     options.tp = flags.tp;
     deployment = planning::make_deployment_plan(config, model_name, planning::parse_target(flags.target), options);
     result = planning::to_json(*deployment);
@@ -197,6 +200,8 @@ Action add_plan_command(CLI::App& app) {
   command->add_option("--ctx", flags->context,
                       "Context tokens per sequence (default 4096, as run and serve), or max for the model's longest");
   command->add_option("--batch", flags->batch, "Sequences served together (default 1)")->check(at_least_one());
+  command->add_flag("--full-sliding-cache", flags->full_sliding_cache,
+                    "Sliding-window layers cache the whole context (serve --full-sliding-cache), not a ring of the window");
   command->add_flag("--show-shards", flags->show_shards, "Print which rank holds which heads, rows and experts, layer by layer");
   command->add_flag("--json", flags->json, "Print one JSON object");
   command->callback([command] {

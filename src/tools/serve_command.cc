@@ -27,6 +27,7 @@ struct ServeFlags {
   int max_queue = 64;
   int prefill_chunk = 128;
   bool no_prefix_cache = false;
+  bool full_sliding_cache = false;
   double max_body_mb = 8.0;
   EngineFlags engine;
 };
@@ -46,6 +47,7 @@ int serve_model(ServeFlags flags) {
   options.sequences = flags.parallel;
   // One step holds a decode row per running sequence plus one prompt chunk.
   options.max_chunk_tokens = flags.parallel + flags.prefill_chunk;
+  options.full_sliding_cache = flags.full_sliding_cache;
   if (communicator && communicator->rank() != 0) {
     auto model = Model::load(flags.model_dir);
     Transformer transformer(*model, options);
@@ -137,6 +139,10 @@ Action add_serve_command(CLI::App& app) {
   command->add_flag("--no-prefix-cache", flags->no_prefix_cache,
                     "Compute every prompt in full (by default a prompt that starts like an earlier request, e.g. the next turn of a "
                     "chat, starts from the K/V that request left in its slot)");
+  command->add_flag("--full-sliding-cache", flags->full_sliding_cache,
+                    "Sliding-window layers keep the whole context, not a ring of the window plus a chunk: more KV memory, "
+                    "but the next turn of a chat reuses its prefix even when the previous answer comes back changed "
+                    "(thinking stripped, a long answer after the large models' empty thought channel)");
   command->add_option("--alias", flags->alias, "Model name reported by /v1/models (default: the directory name)");
   command->add_option("--max-body-mb", flags->max_body_mb, "Largest request body accepted")->check(at_least_one());
   flags->engine.add_to(*command);

@@ -687,6 +687,33 @@ describe('prompt prefix cache', () => {
     }
     for (const turn of plain) assert.equal(turn.usage.prompt_tokens_details.cached_tokens, 0);
   });
+
+  // A client that sends the previous answer back changed leaves only the previous prompt in common. With
+  // one-row prompt chunks the sliding rings hold the window (8) plus one slot, long overwritten by the
+  // answer's tokens, so nothing is reused; --full-sliding-cache keeps every position and reuses the prompt.
+  it('reuses the previous prompt under a changed answer only with --full-sliding-cache', async () => {
+    const args = [...THREADS, '--parallel', '1', '--prefill-chunk', '1'];
+    const ring = await startServer('tiny-e2b', args);
+    const full = await startServer('tiny-e2b', [...args, '--full-sliding-cache']);
+    try {
+      const results = [];
+      for (const server of [ring, full]) {
+        const client = clientFor(server);
+        const first = await client.chat.completions.create({ model: 'tiny-e2b', messages: FRANCE.messages, temperature: 0 });
+        assert.equal(first.choices[0].message.content, FRANCE.expected_text);
+        const messages = [...FRANCE.messages, { role: 'assistant', content: 'Paris, I believe.' }, { role: 'user', content: 'And of Spain?' }];
+        const second = await client.chat.completions.create({ model: 'tiny-e2b', messages, temperature: 0, max_tokens: 20 });
+        results.push({ first: first.usage, second: second.usage, content: second.choices[0].message.content });
+      }
+      const [fromRing, fromFull] = results;
+      assert.equal(fromRing.second.prompt_tokens_details.cached_tokens, 0);
+      assert.equal(fromFull.second.prompt_tokens_details.cached_tokens, fromFull.first.prompt_tokens);
+      assert.equal(fromFull.content, fromRing.content);
+    } finally {
+      await ring.stop();
+      await full.stop();
+    }
+  });
 });
 
 // ---------------------------------------------------------------------------------------------------

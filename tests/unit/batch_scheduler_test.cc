@@ -188,8 +188,9 @@ TEST(BatchScheduler, LogitBiasMovesTheChoiceNotTheLogprobs) {
 // 8 + 4 - 1 = 11 positions. A first sequence feeds 21 positions (a 10-token prompt, 11 of its 12 tokens),
 // so the ring's slot for position p holds p only for p >= 21 - 11 = 10. A second prompt sharing its
 // first c tokens may start at position c when position c's window [c - 7, c] needs nothing older:
-// c >= 17. Whatever the scheduler reuses, each token's log-probability must equal that of a forward
-// pass over the whole text in a fresh engine.
+// c >= 17. With full_sliding_cache the rings hold every position and any shared prefix is reused.
+// Whatever the scheduler reuses, each token's log-probability must equal that of a forward pass over
+// the whole text in a fresh engine.
 TEST(BatchScheduler, APromptStartsFromItsSlotsCachedPrefixOnlyWhereTheRingsHoldIt) {
   auto model = Model::load(std::string(GEMMA4RT_TEST_DATA) + "/golden/tiny-e2b");
   const std::vector<int32_t> first_prompt = {2, 11, 22, 33, 44, 55, 66, 77, 88, 99};
@@ -197,10 +198,11 @@ TEST(BatchScheduler, APromptStartsFromItsSlotsCachedPrefixOnlyWhereTheRingsHoldI
     std::vector<TokenEvent> first, second;
     int cached = -1;
   };
-  auto run = [&](const std::vector<int32_t>& second_prompt, bool reuse) {
+  auto run = [&](const std::vector<int32_t>& second_prompt, bool reuse, bool full_sliding = false) {
     EngineOptions options = engine_options(1);
     options.backend = "reference";
     options.max_chunk_tokens = 4;
+    options.full_sliding_cache = full_sliding;
     Transformer transformer(*model, options);
     BatchScheduler::Options scheduler_options;
     scheduler_options.prefill_chunk = 4;
@@ -239,22 +241,25 @@ TEST(BatchScheduler, APromptStartsFromItsSlotsCachedPrefixOnlyWhereTheRingsHoldI
   fresh_options.backend = "reference";
   Transformer fresh(*model, fresh_options);
   const std::vector<int32_t> tail = {301, 302, 303};
-  // shared tokens -> tokens expected to be reused
-  const std::vector<std::pair<int, int>> cases = {{21, 21}, {18, 18}, {17, 17}, {16, 0}, {12, 0}, {3, 0}};
-  for (const auto& [shared, expected] : cases) {
-    SCOPED_TRACE("sharing " + std::to_string(shared) + " tokens");
-    std::vector<int32_t> prompt(held.begin(), held.begin() + shared);
-    prompt.insert(prompt.end(), tail.begin(), tail.end());
-    const Run reused = run(prompt, true);
-    EXPECT_EQ(reused.cached, expected);
-    ASSERT_EQ(reused.second.size(), 4u);
-    std::vector<int32_t> text = prompt;
-    for (const TokenEvent& event : reused.second) {
-      const std::span<const float> logits = fresh.forward(text, 0);
-      EXPECT_EQ(event.token, argmax(logits));
-      ASSERT_TRUE(event.logprob.has_value());
-      EXPECT_NEAR(*event.logprob, logits[static_cast<size_t>(event.token)] - log_normaliser_of(logits), 1e-4);
-      text.push_back(event.token);
+  struct Case {
+    int shared, reused_from_rings, reused_from_full;
+  };
+  for (const Case& item : std::vector<Case>{{21, 21, 21}, {18, 18, 18}, {17, 17, 17}, {16, 0, 16}, {12, 0, 12}, {3, 0, 3}}) {
+    for (const bool full_sliding : {false, true}) {
+      SCOPED_TRACE("sharing " + std::to_string(item.shared) + " tokens" + (full_sliding ? ", full sliding cache" : ""));
+      std::vector<int32_t> prompt(held.begin(), held.begin() + item.shared);
+      prompt.insert(prompt.end(), tail.begin(), tail.end());
+      const Run reused = run(prompt, true, full_sliding);
+      EXPECT_EQ(reused.cached, full_sliding ? item.reused_from_full : item.reused_from_rings);
+      ASSERT_EQ(reused.second.size(), 4u);
+      std::vector<int32_t> text = prompt;
+      for (const TokenEvent& event : reused.second) {
+        const std::span<const float> logits = fresh.forward(text, 0);
+        EXPECT_EQ(event.token, argmax(logits));
+        ASSERT_TRUE(event.logprob.has_value());
+        EXPECT_NEAR(*event.logprob, logits[static_cast<size_t>(event.token)] - log_normaliser_of(logits), 1e-4);
+        text.push_back(event.token);
+      }
     }
   }
   // The whole held text as the prompt: its last token is computed again, for the logits.

@@ -384,6 +384,12 @@ TEST(Deployment, KvCacheCountsOnlyKvOwningLayersAndSlidingWindows) {
   const int64_t sliding = 12 * int64_t{512 + 255} * 256 * 2 * 2;
   const int64_t full = 3 * int64_t{4096} * 512 * 2 * 2;
   EXPECT_EQ(plan.at(1).kv_cache_bytes, sliding + full);
+  // With the full sliding cache (serve --full-sliding-cache) a sliding layer keeps all 4096 positions.
+  PlanOptions full_sliding;
+  full_sliding.full_sliding_cache = true;
+  const ModelConfig e2b = shape("e2b");
+  EXPECT_EQ(planning::rank_memory(e2b, make_shard_plan(e2b, 1), parse_target("h200"), full_sliding).kv_cache_bytes,
+            12 * int64_t{4096} * 256 * 2 * 2 + full);
   // Replicated KV heads: 31B's global layers hold one head per rank at TP=8, a quarter of all four.
   PlanOptions options;
   const ModelConfig config = shape("31b");
