@@ -1,9 +1,10 @@
 // The turns of one chat against `gemma4rt serve`: a long first user turn, then short follow-ups, each
-// request resending the conversation (as chat clients do) and generating one token, so its time is the
-// time to first token. Reports each turn's milliseconds, prompt tokens and the tokens the server reused
+// request resending the conversation (as chat clients do). Each turn generates ANSWER_TOKENS tokens
+// (streamed) and the client sends back a fixed answer instead (as when thinking is stripped). Reports
+// each turn's time to first token, prompt tokens and the tokens the server reused
 // (usage.prompt_tokens_details.cached_tokens).
-// usage: node bench/chat_turns.mjs http://127.0.0.1:PORT [FIRST_TURN_WORDS] [TURNS]
-const [base, wordsText = "300", turnsText = "4"] = process.argv.slice(2);
+// usage: node bench/chat_turns.mjs http://127.0.0.1:PORT [FIRST_TURN_WORDS] [TURNS] [ANSWER_TOKENS]
+const [base, wordsText = "300", turnsText = "4", answerText = "1"] = process.argv.slice(2);
 const words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split(" ");
 const text = Array.from({ length: Number(wordsText) }, (_, i) => words[(i * 7) % words.length]).join(" ");
 
@@ -12,11 +13,24 @@ async function turn(messages) {
   const response = await fetch(`${base}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ messages, max_tokens: 1, temperature: 0, ignore_eos: true }),
+    body: JSON.stringify({ messages, max_tokens: Number(answerText), temperature: 0, ignore_eos: true, logprobs: true, stream: true,
+                           stream_options: { include_usage: true } }),
   });
-  const body = await response.json();
-  if (!response.ok) throw new Error(`${response.status}: ${JSON.stringify(body)}`);
-  return { ms: Math.round(performance.now() - started), prompt_tokens: body.usage.prompt_tokens, cached_tokens: body.usage.prompt_tokens_details?.cached_tokens ?? 0 };
+  if (!response.ok) throw new Error(`${response.status}: ${await response.text()}`);
+  // Every token's chunk carries its logprob, so the first one after the role chunk marks the first token.
+  let firstToken = null, usage = null, buffer = "";
+  const decoder = new TextDecoder();
+  for await (const bytes of response.body) {
+    buffer += decoder.decode(bytes, { stream: true });
+    for (let end; (end = buffer.indexOf("\n\n")) >= 0; buffer = buffer.slice(end + 2)) {
+      const event = buffer.slice(0, end);
+      if (!event.startsWith("data: {")) continue;
+      const chunk = JSON.parse(event.slice(6));
+      if (chunk.usage) usage = chunk.usage;
+      if (firstToken === null && chunk.choices?.[0]?.logprobs) firstToken = performance.now() - started;
+    }
+  }
+  return { first_token_ms: Math.round(firstToken), prompt_tokens: usage.prompt_tokens, cached_tokens: usage.prompt_tokens_details?.cached_tokens ?? 0 };
 }
 
 const messages = [{ role: "user", content: `Summarise this text: ${text}` }];
