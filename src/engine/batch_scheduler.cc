@@ -98,7 +98,8 @@ void BatchScheduler::assign_slot(Sequence& sequence) {
   const std::vector<int32_t>& prompt = sequence.request.prompt;
   size_t choice = 0;
   int reused = 0;
-  for (size_t i = 0; options_.reuse_prefixes && i < free_slots_.size(); ++i) {
+  const bool reuse = options_.reuse_prefixes && sequence.request.reuse_prefix;
+  for (size_t i = 0; reuse && i < free_slots_.size(); ++i) {
     const std::vector<int32_t>& cached = slot_tokens_[free_slots_[i]];
     // The prompt's last token is always computed: its logits choose the first token.
     const size_t limit = std::min(cached.size(), prompt.size() - 1);

@@ -46,6 +46,7 @@ struct SequenceRequest {
   // logit_bias: -100 bans a token, +100 all but forces it). Logprobs still report the model's own values.
   std::map<int32_t, float> logit_bias;
   bool ignore_eos = false;
+  bool reuse_prefix = true;               // may start from the K/V an earlier sequence left in a free slot
   std::vector<int> stop_token_ids;
   int top_logprobs = -1;                  // -1: no logprobs; 0..20: logprob of the token plus that many alternatives
   std::optional<std::chrono::steady_clock::time_point> deadline;

@@ -115,6 +115,7 @@ void parse_common(const json& body, const ServedModel& model, ParsedRequest& req
   request.frequency_penalty = static_cast<float>(fields.number("frequency_penalty", -2.0, 2.0).value_or(0.0));
   if (fields.has("logit_bias")) request.logit_bias = parse_logit_bias(fields.at("logit_bias"), model.vocab_size);
   request.ignore_eos = fields.boolean("ignore_eos").value_or(false);
+  request.cache_prompt = fields.boolean("cache_prompt").value_or(true);
   if (auto timeout = fields.number("timeout", 0.0, 86400.0)) request.timeout_seconds = *timeout;
 
   if (fields.has("stop")) {

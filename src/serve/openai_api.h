@@ -63,6 +63,7 @@ struct ParsedRequest {
   // Structured output (response_format json_object / json_schema, or a forced tool call); null: free text.
   std::shared_ptr<const constrain::Grammar> grammar;
   bool ignore_eos = false;
+  bool cache_prompt = true;              // llama-server's field: false computes the whole prompt
   std::optional<double> timeout_seconds;
 };
 

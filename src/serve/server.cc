@@ -763,6 +763,7 @@ void Server::handle_completion(const httplib::Request& http_request, const std::
   sequence.frequency_penalty = request.frequency_penalty;
   sequence.logit_bias = request.logit_bias;
   sequence.ignore_eos = request.ignore_eos;
+  sequence.reuse_prefix = request.cache_prompt;
   sequence.stop_token_ids = state.model.eos_token_ids;
   sequence.top_logprobs = request.logprobs;
   if (request.grammar) {

@@ -688,6 +688,18 @@ describe('prompt prefix cache', () => {
     for (const turn of plain) assert.equal(turn.usage.prompt_tokens_details.cached_tokens, 0);
   });
 
+  // llama-server's per-request switch: cache_prompt false computes the whole prompt (and still leaves its
+  // K/V for the next request).
+  it('computes the whole prompt for a request with cache_prompt false', async () => {
+    const body = { model: 'tiny-e2b', prompt: FRANCE_RAW.text, temperature: 0, max_tokens: 4 };
+    const usage = async (extra) => (await postJson(cachedServer, '/v1/completions', { ...body, ...extra })).json.usage;
+    const first = await usage({});
+    assert.equal((await usage({ cache_prompt: false })).prompt_tokens_details.cached_tokens, 0);
+    assert.equal((await usage({ cache_prompt: true })).prompt_tokens_details.cached_tokens, first.prompt_tokens - 1);
+    const refused = await postJson(cachedServer, '/v1/completions', { ...body, cache_prompt: 'no' });
+    assertErrorResponse(refused, { status: 400, type: 'invalid_request_error', what: 'cache_prompt' });
+  });
+
   // A client that sends the previous answer back changed leaves only the previous prompt in common. With
   // one-row prompt chunks the sliding rings hold the window (8) plus one slot, long overwritten by the
   // answer's tokens, so nothing is reused; --full-sliding-cache keeps every position and reuses the prompt.
