@@ -279,18 +279,24 @@ uint64_t Transformer::check_fits(KvFormat kv_format) const {
     fail("a context of {} tokens exceeds what the model was trained for (max_position_embeddings {})", options_.context_tokens,
          config_.max_position_embeddings);
   }
+  // The planner's arithmetic for this engine's cache and chunk, with weights (or, on the host, the KV
+  // cache's element size) in `dtype`.
+  auto plan_in = [&](WeightFormat dtype) {
+    planning::PlanOptions plan;
+    plan.dtype = dtype;
+    plan.context_tokens = options_.context_tokens;
+    plan.batch = options_.sequences;
+    plan.prefill_chunk_tokens = options_.max_chunk_tokens;
+    plan.full_sliding_cache = options_.full_sliding_cache;
+    return plan;
+  };
   const uint64_t memory = backend_->memory_bytes();
   if (memory == 0) {
     // Host memory: weights are mapped from the checkpoint (the page cache holds them), but the KV
     // cache and scratch are allocated, so they must fit what the machine has free.
     const uint64_t available = available_host_memory();
     if (available == 0) return 0;
-    planning::PlanOptions plan;
-    plan.dtype = kv_format == KvFormat::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
-    plan.context_tokens = options_.context_tokens;
-    plan.batch = options_.sequences;
-    plan.prefill_chunk_tokens = options_.max_chunk_tokens;
-    plan.full_sliding_cache = options_.full_sliding_cache;
+    const planning::PlanOptions plan = plan_in(kv_format == KvFormat::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16);
     const planning::RankMemory needed =
         planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), planning::parse_target("cpu:1"), plan);
     const int64_t allocated = needed.kv_cache_bytes + needed.activation_bytes;
@@ -305,13 +311,7 @@ uint64_t Transformer::check_fits(KvFormat kv_format) const {
   target.name = backend_->name();
   target.kind = planning::TargetKind::kGpu;
   target.memory_per_rank_bytes = static_cast<int64_t>(memory);
-  planning::PlanOptions plan;
-  plan.dtype = weight_format_;
-  plan.context_tokens = options_.context_tokens;
-  plan.batch = options_.sequences;
-  plan.prefill_chunk_tokens = options_.max_chunk_tokens;
-  plan.full_sliding_cache = options_.full_sliding_cache;
-  const planning::RankMemory needed = planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), target, plan);
+  const planning::RankMemory needed = planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), target, plan_in(weight_format_));
   if (needed.total_bytes > static_cast<int64_t>(memory)) {
     fail("the model does not fit the {} device: it needs {:.2f} GB ({:.2f} GB of {} weights, {:.2f} GB of {} KV cache for {} x {} tokens) "
          "and the device has {:.2f} GB",
