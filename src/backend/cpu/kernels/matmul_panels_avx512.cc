@@ -67,12 +67,13 @@ struct Q4Panels {
   static __m512 scales(const uint16_t* at) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))); }
 };
 
-// Bytes ahead of the weight loads that a decode step prefetches (into L1), beside the hardware
-// prefetchers (the same bytes for q4, whose 2 KiB hold twice the values). Swept for q8 over 0-8 KiB on
-// the Zen 5 (two threads, two rounds; bandwidth drifting by half):
-// one token's product read no clear best (2 KiB kept); a step of 8 tokens reached 65-82% of the probe
-// at 4 KiB against 42-77% without.
-constexpr int64_t kDecodePrefetchBytes = 2048, kStepPrefetchBytes = 4096;
+// Bytes ahead of the weight loads that a decode step prefetches, beside the hardware prefetchers (the
+// same bytes for q4, whose 4 KiB hold twice the values). Swept for q8 over 0-8 KiB on the Zen 5 (two
+// threads, two rounds; bandwidth drifting by half): a step of 8 tokens reached 65-82% of the probe at
+// 4 KiB against 42-77% without. The lines go to L2 (T1), not L1 (T0): L1 tracks far fewer misses at
+// once, and with T0 one thread streamed q8 and q4 15-25% slower (docs/benchmarks.md, 2026-12-07); with
+// T1 one token's product is best at 4 KiB ahead (2, 3, 4, 6, 8 KiB tried).
+constexpr int64_t kDecodePrefetchBytes = 4096, kStepPrefetchBytes = 4096;
 // Panels per cache block in prefill: the block's weights stay in L2 while every token tile passes.
 constexpr int64_t kPrefillBlockBytes = 384 * 1024;
 constexpr int kPrefillTokens = 6, kPrefillPanels = 2, kStepTokens = 8, kDecodePanels = kPanelDecodeTileRows / kPanelRows;
@@ -119,7 +120,7 @@ inline void panel_tile(const PanelOperands<Panels>& w, const TokenOperands* toke
 #pragma GCC unroll 8
       for (int p = 0; p < NP; ++p) {
 #pragma GCC unroll 8
-        for (int line = 0; line < Panels::kBlockBytes / 64; ++line) _mm_prefetch(reinterpret_cast<const char*>(codes[p] + prefetch + 64 * line), _MM_HINT_T0);
+        for (int line = 0; line < Panels::kBlockBytes / 64; ++line) _mm_prefetch(reinterpret_cast<const char*>(codes[p] + prefetch + 64 * line), _MM_HINT_T1);
       }
     }
     const int64_t correction_at = b / 16 * 640 + 576 + 4 * (b % 16);
