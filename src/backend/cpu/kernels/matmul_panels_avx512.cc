@@ -71,8 +71,8 @@ struct Q4Panels {
 // same bytes for q4, whose 4 KiB hold twice the values). Swept for q8 over 0-8 KiB on the Zen 5 (two
 // threads, two rounds; bandwidth drifting by half): a step of 8 tokens reached 65-82% of the probe at
 // 4 KiB against 42-77% without. The lines go to L2 (T1), not L1 (T0): L1 tracks far fewer misses at
-// once, and with T0 one thread streamed q8 and q4 15-25% slower (docs/benchmarks.md, 2026-12-07); with
-// T1 one token's product is best at 4 KiB ahead (2, 3, 4, 6, 8 KiB tried).
+// once, and with T0 one thread streamed q8 and q4 15-25% slower (docs/benchmarks.md, "panel decode
+// prefetches into L2"); with T1 one token's product is best at 4 KiB ahead (2-8 KiB tried).
 constexpr int64_t kDecodePrefetchBytes = 4096, kStepPrefetchBytes = 4096;
 // Panels per cache block in prefill: the block's weights stay in L2 while every token tile passes.
 constexpr int64_t kPrefillBlockBytes = 384 * 1024;
