@@ -4,6 +4,8 @@
 // each turn's time to first token, prompt tokens and the tokens the server reused
 // (usage.prompt_tokens_details.cached_tokens).
 // usage: node bench/chat_turns.mjs http://127.0.0.1:PORT [FIRST_TURN_WORDS] [TURNS] [ANSWER_TOKENS]
+import { sseEvents } from "../tests/e2e/serve_harness.mjs";
+
 const [base, wordsText = "300", turnsText = "4", answerText = "1"] = process.argv.slice(2);
 const words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split(" ");
 const text = Array.from({ length: Number(wordsText) }, (_, i) => words[(i * 7) % words.length]).join(" ");
@@ -18,17 +20,12 @@ async function turn(messages) {
   });
   if (!response.ok) throw new Error(`${response.status}: ${await response.text()}`);
   // Every token's chunk carries its logprob, so the first one after the role chunk marks the first token.
-  let firstToken = null, usage = null, buffer = "";
-  const decoder = new TextDecoder();
-  for await (const bytes of response.body) {
-    buffer += decoder.decode(bytes, { stream: true });
-    for (let end; (end = buffer.indexOf("\n\n")) >= 0; buffer = buffer.slice(end + 2)) {
-      const event = buffer.slice(0, end);
-      if (!event.startsWith("data: {")) continue;
-      const chunk = JSON.parse(event.slice(6));
-      if (chunk.usage) usage = chunk.usage;
-      if (firstToken === null && chunk.choices?.[0]?.logprobs) firstToken = performance.now() - started;
-    }
+  let firstToken = null, usage = null;
+  for await (const data of sseEvents(response)) {
+    if (data === "[DONE]") continue;
+    const chunk = JSON.parse(data);
+    if (chunk.usage) usage = chunk.usage;
+    if (firstToken === null && chunk.choices?.[0]?.logprobs) firstToken = performance.now() - started;
   }
   return { first_token_ms: Math.round(firstToken), prompt_tokens: usage.prompt_tokens, cached_tokens: usage.prompt_tokens_details?.cached_tokens ?? 0 };
 }

@@ -1,6 +1,8 @@
 // Load test of `gemma4rt serve`: N concurrent streaming completions, each decoding a fixed number of
 // tokens; reports aggregate decode tokens/s and time to first token. Loopback only, bounded in count.
 // usage: node bench/serve_load.mjs http://127.0.0.1:PORT CONCURRENCY [TOKENS] [PROMPT_TOKENS]
+import { sseEvents } from "../tests/e2e/serve_harness.mjs";
+
 const [base, concurrencyText, tokensText = "32", promptText = "64"] = process.argv.slice(2);
 const concurrency = Number(concurrencyText);
 const maxTokens = Number(tokensText);
@@ -26,22 +28,14 @@ async function one(index) {
   }
   let firstToken = null;
   let tokens = 0;
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for await (const bytes of response.body) {
-    buffer += decoder.decode(bytes, { stream: true });
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const event = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
-      const chunk = JSON.parse(event.slice(6));
-      if (chunk.choices?.[0]?.logprobs) {
-        const now = performance.now();
-        tokens += 1;
-        arrivals.push(now);
-        if (firstToken === null) firstToken = now - started;
-      }
+  for await (const data of sseEvents(response)) {
+    if (data === "[DONE]") continue;
+    const chunk = JSON.parse(data);
+    if (chunk.choices?.[0]?.logprobs) {
+      const now = performance.now();
+      tokens += 1;
+      arrivals.push(now);
+      if (firstToken === null) firstToken = now - started;
     }
   }
   return { firstToken, tokens, arrivals };
