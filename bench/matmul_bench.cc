@@ -432,7 +432,7 @@ void add_matmul(const char* kind, const MatmulCase& c) {
 }
 
 // Full-size E2B shapes: [rows = out features] x [cols = in features].
-const Shape kDecodeShapes[] = {{12288, 1536}, {262144, 1536}, {2048, 1536}, {6144, 1536}, {1536, 6144}, {1536, 12288}};
+const Shape kDecodeShapes[] = {{12288, 1536}, {262144, 1536}, {2048, 1536}, {1536, 2048}, {6144, 1536}, {1536, 6144}, {1536, 12288}};
 // Weights that stay in L2 (about 600 KiB in q8), so a batch's products show their compute cost alone.
 const Shape kWarmShapes[] = {{384, 1536}, {96, 6144}};
 const Shape kPrefillShapes[] = {{6144, 1536}, {1536, 6144}, {2048, 1536}, {1536, 2048}, {12288, 1536}, {1536, 12288}, {256, 1536}};

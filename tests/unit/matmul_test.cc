@@ -302,6 +302,8 @@ TEST(Matmul, LongRowsStayWithinTolerance) {
       check_matmul(rng, 37, 150, 1536 + 3, kind);  // bf16 prefill panels: two blocks of rows, an odd K
       check_matmul(rng, 1, 19, 12288 + 5, kind);
       check_matmul(rng, 1, 70, 1536, kind);
+      check_matmul(rng, 8, 13, 2048, kind);   // float rows 4 KiB apart: a step's stride gets half a page more
+      check_matmul(rng, 16, 7, 6144, kind);   // the same over long rows, two token tiles
       if (HasFatalFailure()) return;
     }
   }
@@ -562,6 +564,35 @@ TEST(Matmul, Bf16PreparationRoundsLikeTheScalarConversion) {
     }
     for (int64_t k = cols; k < prepared.stride(); ++k) EXPECT_EQ(prepared.bf16_values()[k], 0) << "padding";
   }
+}
+
+// A decode step's float rows never lie a multiple of 4 KiB apart (they would share L1 sets), and the
+// padding that keeps them apart is zero; prompts and quantised formats keep their plain stride.
+TEST(Matmul, StepRowsAvoidPageAlignedStrides) {
+  std::mt19937 rng(5);
+  for (const auto& [format, element_bytes] : {std::pair{WeightFormat::kBF16, 2}, std::pair{WeightFormat::kF32, 4}}) {
+    for (int64_t cols : {1536, 2048, 6144, 12288}) {
+      const std::vector<float> x = random_floats(rng, static_cast<size_t>(8 * cols));
+      PreparedActivations step;
+      step.prepare(x.data(), 8, cols, format);
+      EXPECT_NE(step.stride() * element_bytes % 4096, 0) << format_name(format) << " cols " << cols;
+      EXPECT_GE(step.stride(), cols);
+      expect_prepared_matches_scalar(x, 8, cols, step);
+      for (int64_t t = 0; t < 8; ++t) {
+        for (int64_t k = cols; k < step.stride(); ++k) {
+          const bool zero = format == WeightFormat::kBF16 ? step.bf16_values()[t * step.stride() + k] == 0
+                                                          : step.f32_values()[t * step.stride() + k] == 0.0f;
+          ASSERT_TRUE(zero) << "padding of token " << t << " at " << k;
+        }
+      }
+    }
+    PreparedActivations prompt;
+    prompt.reshape(64, 2048, format);
+    EXPECT_EQ(prompt.stride(), 2048) << "a prompt's rows are not padded";
+  }
+  PreparedActivations quantized;
+  quantized.reshape(8, 2048, WeightFormat::kQ8);
+  EXPECT_EQ(quantized.stride(), 2048);
 }
 
 TEST(Matmul, PreparedBuffersOnlyGrow) {

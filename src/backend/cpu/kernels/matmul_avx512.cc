@@ -557,6 +557,17 @@ int64_t decode_chunk(const MatmulOperands& op) {
   return values_within<P>(op, chunk_bytes, 2 * P::kStep);
 }
 
+// Values of K per chunk of a step of several tokens. bf16 tiles on vdpbf16ps take the whole of K, the
+// activations coming from L2 (at most 16 tokens x 12,288 values, 384 KiB) while each row streams front
+// to back. With the tokens' rows off the 4 KiB stride as well (PreparedActivations::reshape), 8 tokens
+// through E2B's 1536 x 12288 down projections took 3-7% longer than one token, against 22-33% in
+// chunks of 16 KiB kept in L1 on the page stride (1536 x 6144: 19-50% against 37-67%; docs/benchmarks.md).
+template <class P>
+int64_t batch_chunk(const MatmulOperands& op) {
+  if constexpr (std::is_same_v<P, Bf16Dot>) return op.cols;
+  return decode_chunk<P>(op);
+}
+
 // One token over segment-major q8 rows (q8_packed_address): each block of rows is read front to back,
 // segment after segment, each row's sum kept between its segments. Within a block a segment's rows lie
 // one after another, so the next row's codes and scales are the current ones' plus a segment. (Through
@@ -661,14 +672,14 @@ int64_t narrow_chunk(const MatmulOperands& op) {
 
 // A few tokens (a decode step of several sequences): tiles of up to kBatchTokens tokens x kBatchRows
 // rows, so each weight vector loaded feeds several tokens and each activation vector several rows
-// (single-row tiles spend a load on every multiply-add and stay below the compute roof). As in
-// run_decode, K is cut into chunks whose activations (all tokens) stay in L1 while blocks of rows take
-// turns per chunk; every token tile of a group of rows reads the group's chunk from L1, and the first
-// prefetches the segment read after it. Steps of few tokens take narrow tiles instead
-// (takes_narrow_tiles, above), with `chunk` from narrow_chunk. Spreading the prefetches over all token
-// tiles of a group, two groups ahead, measured 4-6% faster for 8 q8 tokens in 4 x 3 tiles on a Zen 5,
-// but those products now take narrow tiles, and where 4 x 3 tiles remain (16 tokens, long K, q4 at 8)
-// it measured 3-9% slower.
+// (single-row tiles spend a load on every multiply-add and stay below the compute roof). Except for
+// bf16 on vdpbf16ps (batch_chunk), K is cut as in run_decode into chunks whose activations (all tokens)
+// stay in L1 while blocks of rows take turns per chunk; every token tile of a group of rows reads the
+// group's chunk from L1, and the first prefetches the segment read after it. Steps of few tokens take
+// narrow tiles instead (takes_narrow_tiles, above), with `chunk` from narrow_chunk. Spreading the
+// prefetches over all token tiles of a group, two groups ahead, measured 4-6% faster for 8 q8 tokens
+// in 4 x 3 tiles on a Zen 5, but those products now take narrow tiles, and where 4 x 3 tiles remain
+// (16 tokens, long K, q4 at 8) it measured 3-9% slower.
 constexpr int64_t kBatchBlockRows = 12;  // a multiple of every kBatchRows
 static_assert(kBatchBlockRows == kQ8SegmentRows, "a block of rows is one of segment-major q8's");
 constexpr int64_t kStagedRows = 4 * kBatchBlockRows;  // 48 outputs: 3 cache lines per token
@@ -738,7 +749,7 @@ void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
       return run_batch<P, P::kNarrowBatchTokens, 1>(op, row_begin, row_end, smaller(chunk, segment));
     }
   }
-  if (op.tokens <= kBatchMaxTokens) return run_batch<P>(op, row_begin, row_end, smaller(decode_chunk<P>(op), segment));
+  if (op.tokens <= kBatchMaxTokens) return run_batch<P>(op, row_begin, row_end, smaller(batch_chunk<P>(op), segment));
   const KRange whole{0, op.cols, nullptr, 0};
   const int64_t row_bytes = weight_bytes_of<P>(op.cols) + 64;
   int64_t block_rows = kWeightBlockBytes / row_bytes / P::kRows * P::kRows;
