@@ -409,7 +409,7 @@ TEST(Matmul, EachTokenOfABatchGetsTheBitsItGetsAlone) {
     set_active_isa(level);
     for (const WeightKind& kind : kKinds) {
       const WeightFormat format = kind.format;
-      for (const int64_t cols : {int64_t{161}, int64_t{1536}, int64_t{12288 + 5}}) {
+      for (const int64_t cols : {int64_t{161}, int64_t{1536}, int64_t{2048}, int64_t{12288 + 5}}) {
         const int64_t rows = 29;
         const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, kind);
         for (const int64_t tokens : {2, 3, 5, 8, 11, 16}) {

@@ -527,10 +527,12 @@ void tile_for_tokens(int64_t token_count, const MatmulOperands& op, const typena
 // One token (the decode step of one sequence): each weight row is read by a single-row tile, one
 // sequential stream being what the hardware prefetchers follow best (interleaving four rows measured
 // a third slower on one Zen 4 core), and the work per weight byte is small.
-// When the activations every row reads are more than L1 holds (32 KiB) ...
+// A step's K is cut into chunks (decode_chunk) when the activations every row reads (all its tokens)
+// are more than L1 holds (32 KiB); one token's float rows already when they take more than half of it
+// (one_token_chunk) ...
 constexpr int64_t kDecodeActivationLimit = 32 * 1024;
-// ... K is cut into chunks whose activations take half of it, and blocks of this many rows take turns
-// per chunk (cutting rows whose activations fit anyway measured slower).
+// ... into chunks whose activations take at most half of it, blocks of this many rows taking turns per
+// chunk (cutting rows whose activations fit anyway measured slower).
 constexpr int64_t kDecodeChunkBytes = 16 * 1024;
 constexpr int kDecodeBlockRows = 8;
 // q8 and q4 tiles do more work per activation byte: their chunks measured fastest at 80 KiB (8 tokens x
@@ -555,6 +557,20 @@ int64_t decode_chunk(const MatmulOperands& op) {
   if (activation_bytes<P>(op) <= kDecodeActivationLimit) return op.cols;
   const int64_t chunk_bytes = P::kStep == kQ4SuperblockValues ? kSuperblockChunkBytes : kDecodeChunkBytes;
   return values_within<P>(op, chunk_bytes, 2 * P::kStep);
+}
+
+// Values of K per chunk of one token's float rows: all of it while its activations take at most half of
+// L1, else the fewest equal chunks that do. Beside the weight stream, a whole row of bf16 activations
+// of 24 KiB (K = 12,288) did not stay in L1: one thread streamed 1536 x 12288 at 17-19 GB/s whole and
+// at 20.5-23 GB/s in two chunks of 12 KiB (three of 8 KiB: 21-22); 1536 x 6144 (12 KiB) whole at 29
+// GB/s, but 47-70% slower cut into chunks of 2-8 KiB. Superblock formats keep decode_chunk.
+template <class P>
+int64_t one_token_chunk(const MatmulOperands& op) {
+  if constexpr (P::kStep == kQ4SuperblockValues) return decode_chunk<P>(op);
+  const int64_t bytes = activation_bytes<P>(op);
+  if (bytes <= kDecodeChunkBytes) return op.cols;
+  const int64_t chunks = (bytes + kDecodeChunkBytes - 1) / kDecodeChunkBytes, unit = 2 * P::kStep;
+  return ((op.cols + chunks - 1) / chunks + unit - 1) / unit * unit;
 }
 
 // Values of K per chunk of a step of several tokens. bf16 tiles on vdpbf16ps take the whole of K, the
@@ -620,7 +636,7 @@ template <class P>
   if constexpr (std::is_same_v<P, Q8Vnni>) {
     if (segmented<P>(op)) return decode_segments(op, row_begin, row_end);
   }
-  const int64_t chunk = decode_chunk<P>(op);
+  const int64_t chunk = one_token_chunk<P>(op);
   if (chunk == op.cols) {
     const KRange whole{0, op.cols, nullptr, P::kWeightBits == 4 ? kQ4PrefetchBytes : kPrefetchBytes};
     for (int64_t r = row_begin; r < row_end; ++r) tile<P, 1, 1>(op, 0, r, 1, whole);
