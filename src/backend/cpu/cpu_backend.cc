@@ -12,8 +12,8 @@ namespace {
 constexpr int64_t kMatmulRowsPerTask = 16;
 // Decode steps (up to kernels::kBatchMaxTokens tokens) stream the weights: a thread steals the other's
 // rows in chunks of about this many weight bytes, a multiple of 48 rows (the superblock batch kernels
-// stage outputs 48 rows at a time) or, for weights in panels, of the 64 rows one token's tiles take
-// (chunks of 48 rows ran every other tile with 2 panels, which stream slower: docs/benchmarks.md).
+// stage outputs 48 rows at a time) or, for weights in panels, of a panel's 16 rows (every tile takes
+// whole panels).
 constexpr int64_t kStealChunkBytes = 64 * 1024;
 constexpr int64_t kStealChunkRows = 48;
 // Below this many multiply-adds a matrix product runs on the calling thread: waking the pool costs more.
@@ -42,7 +42,7 @@ void CpuBackend::store_weight(int32_t id, const TensorView& view, WeightFormat f
 
 int64_t CpuBackend::steal_chunk_rows(const PreparedWeight& weight) {
   const int64_t row_bytes = std::max<int64_t>(1, static_cast<int64_t>(weight.read_bytes()) / std::max<int64_t>(1, weight.matrix.rows));
-  const int64_t multiple = in_panels(weight) ? kernels::kPanelDecodeTileRows : kStealChunkRows;
+  const int64_t multiple = in_panels(weight) ? kernels::kQuantPanelRows : kStealChunkRows;
   const int64_t rows = (kStealChunkBytes / row_bytes + multiple - 1) / multiple * multiple;
   return std::max(rows, multiple);
 }
@@ -99,8 +99,8 @@ void CpuBackend::run_products(const kernels::PreparedActivations& input, std::sp
   for (size_t i = 0; i < ids.size(); ++i) {
     const PreparedWeight& weight = weights_[static_cast<size_t>(ids[i])];
     const int64_t chunk = rows > kernels::kBatchMaxTokens ? weight.matrix.rows : steal_chunk_rows(weight);
-    // Weights in panels: the threads' shares whole tiles too.
-    steals_[i].reset(weight.matrix.rows, in_panels(weight) ? kernels::kPanelDecodeTileRows : kMatmulRowsPerTask, chunk, pool().size());
+    // Weights in panels: the threads' shares whole panels too.
+    steals_[i].reset(weight.matrix.rows, in_panels(weight) ? kernels::kQuantPanelRows : kMatmulRowsPerTask, chunk, pool().size());
   }
   pool().run([&](int thread, int) {
     for (size_t i = 0; i < ids.size(); ++i) {

@@ -58,7 +58,7 @@ class CpuBackend : public HostBackend {
   void run_products(const kernels::PreparedActivations& input, std::span<const int32_t> ids, std::span<float* const> ys);
   // Rows per stolen chunk of a decode step's product of `weight`.
   static int64_t steal_chunk_rows(const PreparedWeight& weight);
-  // Whether `weight` is in the AVX-512 kernels' panels (q8, q4), whose one-token tiles take 64 rows.
+  // Whether `weight` is in the AVX-512 kernels' panels (q8, q4) of 16 rows, which tiles take whole.
   static bool in_panels(const PreparedWeight& weight);
 
   std::vector<PreparedWeight> weights_;

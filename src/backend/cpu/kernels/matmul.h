@@ -97,9 +97,6 @@ void pack_q8_scales(const float* block_scales, int64_t first_row, int64_t row_co
 //       next. 4.5 bits per weight with the scales, as the row-major q4 layout.
 enum class QuantLayout { kSuperblocks, kPanels };
 constexpr int64_t kQuantPanelRows = 16;
-// One token's product takes 4 panels at a time (4 streams); a backend that splits rows between threads
-// does best to hand them out in multiples of this.
-constexpr int64_t kPanelDecodeTileRows = 4 * kQuantPanelRows;
 inline int64_t panel_count(int64_t rows) { return (rows + kQuantPanelRows - 1) / kQuantPanelRows; }
 inline int64_t panel_scale_count(int64_t rows, int64_t cols) { return panel_count(rows) * kQuantPanelRows * q8_blocks_per_row(cols); }
 inline int64_t panel_scale_index(int64_t r, int64_t block, int64_t cols) {

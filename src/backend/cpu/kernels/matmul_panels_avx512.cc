@@ -14,9 +14,9 @@
 // computed in, so results are bitwise the same for a token alone or in a step of several, and for any
 // split of the rows.
 //
-// Tiles: one token takes 4 panels at a time (64 rows, 4 streams front to back), the rest as one tile;
-// 2-16 tokens take up to 8 tokens x 1 panel; prefill takes 6 tokens x 2 panels over blocks of panels
-// that stay in L2.
+// Tiles: one token takes one panel at a time, so a thread's rows are one stream front to back (panels
+// lie one after another); 2-16 tokens take up to 8 tokens x 1 panel; prefill takes 6 tokens x 2 panels
+// over blocks of panels that stay in L2.
 
 #include <cstdint>
 #include <cstring>
@@ -67,16 +67,18 @@ struct Q4Panels {
   static __m512 scales(const uint16_t* at) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))); }
 };
 
-// Bytes ahead of the weight loads that a decode step prefetches, beside the hardware prefetchers (the
-// same bytes for q4, whose 4 KiB hold twice the values). Swept for q8 over 0-8 KiB on the Zen 5 (two
-// threads, two rounds; bandwidth drifting by half): a step of 8 tokens reached 65-82% of the probe at
-// 4 KiB against 42-77% without. The lines go to L2 (T1), not L1 (T0): L1 tracks far fewer misses at
-// once, and with T0 one thread streamed q8 and q4 15-25% slower (docs/benchmarks.md, "panel decode
-// prefetches into L2"); with T1 one token's product is best at 4 KiB ahead (2-8 KiB tried).
-constexpr int64_t kDecodePrefetchBytes = 4096, kStepPrefetchBytes = 4096;
+// Bytes ahead of the weight loads that a step of several tokens prefetches, beside the hardware
+// prefetchers (the same bytes for q4, whose 4 KiB hold twice the values). Swept for q8 over 0-8 KiB on
+// the Zen 5 (two threads, two rounds; bandwidth drifting by half): a step of 8 tokens reached 65-82% of
+// the probe at 4 KiB against 42-77% without, and without it one thread's step of 8 still takes 1.5-1.9
+// times as long. The lines go to L2 (T1), not L1 (T0): L1 tracks far fewer misses at once
+// (docs/benchmarks.md, "panel decode prefetches into L2"). One token's single stream needs none: the
+// hardware prefetchers keep up with it, and prefetching 4-16 KiB ahead made it 5-35% slower (1 KiB:
+// the same).
+constexpr int64_t kStepPrefetchBytes = 4096;
 // Panels per cache block in prefill: the block's weights stay in L2 while every token tile passes.
 constexpr int64_t kPrefillBlockBytes = 384 * 1024;
-constexpr int kPrefillTokens = 6, kPrefillPanels = 2, kStepTokens = 8, kDecodePanels = kPanelDecodeTileRows / kPanelRows;
+constexpr int kPrefillTokens = 6, kPrefillPanels = 2, kStepTokens = 8;
 
 // What the tiles read of each token: its int8 activations, block scales and prepared superblocks (whose
 // bytes 576 + 4 i of superblock s hold block 16 s + i's -c * sum(x), c = 128 for q8 and 8 for q4).
@@ -223,17 +225,10 @@ void matmul_panels(const MatmulOperands& op, const typename Panels::Scale* weigh
   MatmulOperands shifted = op;  // outputs are written relative to token first, so y moves with the batch
 
   if (op.tokens == 1) {
+    // One panel per tile: four panels side by side are four streams, and one core read four streams
+    // of 12-24 KiB (a panel of K = 1,536) at 21-24 GB/s against 30-32 for one (docs/benchmarks.md).
     set_tokens(0, 1);
-    int64_t p = first_panel;
-    for (; p + kDecodePanels <= end_panel; p += kDecodePanels) {
-      run_tile<Panels, 1, kDecodePanels, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
-    }
-    // The rest as one tile (a range that ends with the matrix, or a split off the tiles' multiple).
-    switch (end_panel - p) {
-      case 3: return run_tile<Panels, 1, 3, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
-      case 2: return run_tile<Panels, 1, 2, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
-      case 1: return run_tile<Panels, 1, 1, 2>(op, w, tokens, 0, p, row_begin, row_end, kDecodePrefetchBytes);
-    }
+    for (int64_t p = first_panel; p < end_panel; ++p) run_tile<Panels, 1, 1, 2>(op, w, tokens, 0, p, row_begin, row_end, 0);
     return;
   }
   if (op.tokens <= kBatchMaxTokens) {
