@@ -2,6 +2,10 @@
 //
 //   ReadBandwidth/threads:N    the memory read probe: the widest loads, 8 independent accumulators, each
 //                              thread streaming its half of a 1 GiB buffer (>> L3). Decode's ceiling.
+//   ReadSideBySide/streams:S/segment:B/threads:1
+//                              one core reading the probe's buffer as a tile reads S weight panels or
+//                              rows side by side: groups of S segments of B bytes, 256 bytes of each in
+//                              turn. With S = 1, one stream front to back.
 //   PeakBf16/threads:N         vdpbf16ps on registers only: the compute ceiling for bf16 prefill.
 //   Decode/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
 //                              memory-bound GEMV / small batches. Shapes that fit in L3 rotate over
@@ -162,6 +166,41 @@ void ReadBandwidth(benchmark::State& state) {
     runner(threads).run([&](int thread) { sink.store(read_stream(buffer.data() + share * thread, share)); });
   }
   state.counters["GB/s"] = benchmark::Counter(kProbeBytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Groups of `streams` segments of `segment` bytes, 256 bytes of each segment in turn (AVX2 loads, so it
+// runs wherever the kernels' fast paths do).
+__attribute__((target("avx2"))) float read_side_by_side(const std::byte* data, size_t bytes, int streams, size_t segment) {
+  __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0, sum2 = sum0, sum3 = sum0;
+  const size_t group = segment * static_cast<size_t>(streams);
+  for (size_t first = 0; first + group <= bytes; first += group) {
+    for (size_t offset = 0; offset < segment; offset += 256) {
+      for (int stream = 0; stream < streams; ++stream) {
+        const float* piece = reinterpret_cast<const float*>(data + first + segment * static_cast<size_t>(stream) + offset);
+        for (int i = 0; i < 64; i += 32) {
+          sum0 = _mm256_add_ps(sum0, _mm256_loadu_ps(piece + i));
+          sum1 = _mm256_add_ps(sum1, _mm256_loadu_ps(piece + i + 8));
+          sum2 = _mm256_add_ps(sum2, _mm256_loadu_ps(piece + i + 16));
+          sum3 = _mm256_add_ps(sum3, _mm256_loadu_ps(piece + i + 24));
+        }
+      }
+    }
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(sum0, sum1), _mm256_add_ps(sum2, sum3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
+}
+
+void ReadSideBySide(benchmark::State& state) {
+  if (detected_isa() < Isa::kAvx2) return state.SkipWithError("needs AVX2");
+  const int streams = static_cast<int>(state.range(0));
+  const size_t segment = static_cast<size_t>(state.range(1));
+  Buffer buffer = allocate(kProbeBytes);
+  std::memset(buffer.data(), 1, kProbeBytes);
+  const size_t read = kProbeBytes / (segment * streams) * (segment * streams);
+  std::atomic<float> sink{0.0f};
+  for (auto _ : state) sink.store(read_side_by_side(buffer.data(), kProbeBytes, streams, segment));
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(read) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---- the compute ceiling: the engine's own probe (backend/host/compute_peak.h) ----
@@ -443,6 +482,16 @@ const bool kRegistered = [] {
         ->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("PeakBf16/threads:" + std::to_string(threads)).c_str(), PeakBf16)
         ->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  // One stream, then four side by side over segments of a q4 panel of K = 1,536 / 6,144 (12 / 48 KiB)
+  // and a bf16 row of K = 1,536 (3 KiB).
+  for (int64_t segment : {3072, 12288, 49152}) {
+    for (int64_t streams : {1, 4}) {
+      if (streams == 1 && segment != 12288) continue;
+      benchmark::RegisterBenchmark(("ReadSideBySide/streams:" + std::to_string(streams) + "/segment:" + std::to_string(segment) + "/threads:1").c_str(),
+                                   ReadSideBySide)
+          ->Args({streams, segment})->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
   }
   const Isa all_levels[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
   for (int threads : {1, 2}) {
