@@ -225,8 +225,9 @@ void matmul_panels(const MatmulOperands& op, const typename Panels::Scale* weigh
   MatmulOperands shifted = op;  // outputs are written relative to token first, so y moves with the batch
 
   if (op.tokens == 1) {
-    // One panel per tile: four panels side by side are four streams, and one core read four streams
-    // of 12-24 KiB (a panel of K = 1,536) at 21-24 GB/s against 30-32 for one (docs/benchmarks.md).
+    // One panel per tile: four panels side by side are four streams, and one core reads four 12 KiB
+    // streams (q4 panels of K = 1,536) at 20-25 GB/s against 30-33 for one (ReadSideBySide in
+    // gemma4rt_kernel_bench; docs/benchmarks.md).
     set_tokens(0, 1);
     for (int64_t p = first_panel; p < end_panel; ++p) run_tile<Panels, 1, 1, 2>(op, w, tokens, 0, p, row_begin, row_end, 0);
     return;
