@@ -9,7 +9,9 @@
 namespace gemma4rt::backend {
 namespace {
 
-constexpr int64_t kMatmulRowsPerTask = 16;
+// The threads' shares of a decode step's rows are multiples of this: a panel's rows, so weights in
+// panels (q8, q4 on AVX-512) are split into whole panels.
+constexpr int64_t kMatmulRowsPerTask = kernels::kQuantPanelRows;
 // Decode steps (up to kernels::kBatchMaxTokens tokens) stream the weights: a thread steals the other's
 // rows in chunks of about this many weight bytes, a multiple of 48 rows (the superblock batch kernels
 // stage outputs 48 rows at a time) or, for weights in panels, of a panel's 16 rows (every tile takes
@@ -99,8 +101,7 @@ void CpuBackend::run_products(const kernels::PreparedActivations& input, std::sp
   for (size_t i = 0; i < ids.size(); ++i) {
     const PreparedWeight& weight = weights_[static_cast<size_t>(ids[i])];
     const int64_t chunk = rows > kernels::kBatchMaxTokens ? weight.matrix.rows : steal_chunk_rows(weight);
-    // Weights in panels: the threads' shares whole panels too.
-    steals_[i].reset(weight.matrix.rows, in_panels(weight) ? kernels::kQuantPanelRows : kMatmulRowsPerTask, chunk, pool().size());
+    steals_[i].reset(weight.matrix.rows, kMatmulRowsPerTask, chunk, pool().size());
   }
   pool().run([&](int thread, int) {
     for (size_t i = 0; i < ids.size(); ++i) {
