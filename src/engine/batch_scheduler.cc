@@ -91,6 +91,7 @@ void BatchScheduler::finish(Sequence& sequence, const std::string& reason, const
   if (sequence.finished) return;
   sequence.finished = true;
   sequence.failed = reason == "error";
+  if (sequence.slot >= 0) --running_count_;
   if (sequence.request.on_finish) sequence.request.on_finish(reason, error);
 }
 

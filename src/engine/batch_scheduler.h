@@ -123,7 +123,9 @@ class BatchScheduler {
   std::deque<std::unique_ptr<Sequence>> queue_;
   std::vector<int> free_slots_;                   // the slot freed longest ago first
   std::vector<std::vector<int32_t>> slot_tokens_;  // by slot: the tokens whose K/V it holds, from position 0
-  int running_count_ = 0;
+  // Sequences holding a slot. finish() counts one down before its callback answers the client, so a
+  // metrics scrape that follows the answer never still counts it.
+  std::atomic<int> running_count_{0};
   bool stopping_ = false;
   bool draining_ = false;
   std::atomic<int64_t> generated_tokens_{0};

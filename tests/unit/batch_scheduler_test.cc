@@ -2,7 +2,7 @@
 // retried alone, and only the ones that fail alone end with "error". Logprobs of batched sequences are
 // the log-softmax of their logits, whatever logit_bias did to the choice. A prompt that starts like the
 // previous sequence of its slot starts from that sequence's K/V exactly when the sliding rings still
-// hold what it reads.
+// hold what it reads. A sequence stops counting as running before its finish callback answers.
 #include <cmath>
 #include <future>
 #include <limits>
@@ -264,6 +264,38 @@ TEST(BatchScheduler, APromptStartsFromItsSlotsCachedPrefixOnlyWhereTheRingsHoldI
   }
   // The whole held text as the prompt: its last token is computed again, for the logits.
   EXPECT_EQ(run(held, true).cached, 20);
+}
+
+// A server answers a request from its finish callback; a metrics scrape right after the answer must not
+// count that sequence as running any more (it did until the engine loop reaped its slot).
+TEST(BatchScheduler, ASequenceNoLongerCountsAsRunningWhenItsFinishCallbackRuns) {
+  auto model = Model::load(std::string(GEMMA4RT_TEST_DATA) + "/golden/tiny-e2b");
+  Transformer transformer(*model, engine_options(2));
+  BatchScheduler scheduler(transformer, BatchScheduler::Options{});
+  std::mutex mutex;
+  std::vector<int> running_at_finish;
+  std::vector<std::string> reasons;
+  for (const int max_tokens : {2, 6}) {
+    SequenceRequest request;
+    request.prompt = {2, 100, 200};
+    request.max_tokens = max_tokens;
+    request.ignore_eos = true;
+    request.on_finish = [&](const std::string& reason, const std::string&) {
+      const int running = scheduler.stats().running;
+      std::lock_guard<std::mutex> lock(mutex);
+      running_at_finish.push_back(running);
+      reasons.push_back(reason);
+    };
+    ASSERT_NE(scheduler.submit(std::move(request)), nullptr);
+  }
+  scheduler.drain();
+  // Whether the second joined before the first ended depends on timing; the last to finish never sees
+  // itself, nor the other, as running.
+  EXPECT_EQ(reasons, (std::vector<std::string>{"length", "length"}));
+  ASSERT_EQ(running_at_finish.size(), 2u);
+  EXPECT_LE(running_at_finish[0], 1);
+  EXPECT_EQ(running_at_finish[1], 0);
+  EXPECT_EQ(scheduler.stats().running, 0);
 }
 
 }  // namespace
