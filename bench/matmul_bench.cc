@@ -251,7 +251,7 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
   set->cols = cols;
   const size_t elements = static_cast<size_t>(rows) * cols;
   const bool panels = layout == QuantLayout::kPanels;
-  const size_t scale_count = panels                          ? static_cast<size_t>(panel_scale_count(rows, cols))
+  const size_t scale_count = panels                          ? 0  // the panels hold their scales
                              : format == WeightFormat::kQ8 ? static_cast<size_t>(q8_packed_scale_count(rows, cols))
                                                            : static_cast<size_t>(rows) * q8_blocks_per_row(cols);
   set->bytes_per_copy = static_cast<size_t>(weight_bytes(rows, cols, format));
@@ -287,6 +287,14 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
         auto* scale = reinterpret_cast<float*>(scales.data());
         for (size_t i = 0; i < scale_count; ++i) scale[i] = 1e-3f * static_cast<float>(1 + next_random(seed) % 16);
         matrix.block_scales = scale;
+        if (panels) {  // the scales in the panels: normal floats, as a checkpoint's
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t b = 0; b < q8_blocks_per_row(cols); ++b) {
+              const float value = 1e-3f * static_cast<float>(1 + next_random(seed) % 16);
+              std::memcpy(values.data() + q8_panel_scale_address(r, b, cols), &value, sizeof(value));
+            }
+          }
+        }
         break;
       }
       case WeightFormat::kQ4: {
@@ -296,6 +304,14 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
         auto* scale = reinterpret_cast<uint16_t*>(scales.data());
         for (size_t i = 0; i < scale_count; ++i) scale[i] = static_cast<uint16_t>(0x1400 + next_random(seed) % 1024);  // ~1e-3
         matrix.half_scales = scale;
+        if (panels) {
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t b = 0; b < q4_blocks_per_row(cols); ++b) {
+              const auto value = static_cast<uint16_t>(0x1400 + next_random(seed) % 1024);
+              std::memcpy(values.data() + q4_panel_scale_address(r, b, cols), &value, sizeof(value));
+            }
+          }
+        }
         break;
       }
     }

@@ -61,10 +61,9 @@ struct TestWeights {
   std::vector<float> scales;
   std::vector<uint8_t> q4;
   std::vector<uint16_t> half_scales;
-  std::vector<uint8_t> q8_packed;  // what the kernels read (pack_q8, pack_q8_scales)
+  std::vector<uint8_t> q8_packed;  // what the kernels read (pack_q8_panels; pack_q8, pack_q8_scales)
   std::vector<float> q8_packed_scales;
   std::vector<uint8_t> q4_panels;  // pack_q4_panels
-  std::vector<uint16_t> q4_panel_scales;
   std::vector<double> effective;  // [rows][cols]
 };
 
@@ -125,13 +124,11 @@ TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t
       }
       if (kind.layout == QuantLayout::kPanels) {
         weights.q8_packed.resize(static_cast<size_t>(q8_panel_bytes(rows, cols)));
-        weights.q8_packed_scales.resize(static_cast<size_t>(panel_scale_count(rows, cols)));
         // In two calls, as load's tasks do it.
         const int64_t split = rows / 2;
-        pack_q8_panels(weights.q8.data(), weights.scales.data(), 0, split, rows, cols, weights.q8_packed.data(),
-                       weights.q8_packed_scales.data());
+        pack_q8_panels(weights.q8.data(), weights.scales.data(), 0, split, rows, cols, weights.q8_packed.data());
         pack_q8_panels(weights.q8.data() + split * cols, weights.scales.data() + split * blocks, split, rows - split, rows, cols,
-                       weights.q8_packed.data(), weights.q8_packed_scales.data());
+                       weights.q8_packed.data());
         weights.matrix.layout = QuantLayout::kPanels;
       } else {
         weights.q8_packed.resize(static_cast<size_t>(q8_packed_bytes(rows, cols)));
@@ -154,14 +151,12 @@ TestWeights make_weights(const std::vector<float>& source, int64_t rows, int64_t
       weights.matrix.half_scales = weights.half_scales.data();
       if (kind.layout == QuantLayout::kPanels) {
         weights.q4_panels.resize(static_cast<size_t>(q4_panel_bytes(rows, cols)));
-        weights.q4_panel_scales.resize(static_cast<size_t>(panel_scale_count(rows, cols)));
         const int64_t split = rows / 2, blocks = q4_blocks_per_row(cols);
-        pack_q4_panels(weights.q4.data(), weights.half_scales.data(), 0, split, rows, cols, weights.q4_panels.data(),
-                       weights.q4_panel_scales.data());
+        pack_q4_panels(weights.q4.data(), weights.half_scales.data(), 0, split, rows, cols, weights.q4_panels.data());
         pack_q4_panels(weights.q4.data() + split * q4_row_bytes(cols), weights.half_scales.data() + split * blocks, split,
-                       rows - split, rows, cols, weights.q4_panels.data(), weights.q4_panel_scales.data());
+                       rows - split, rows, cols, weights.q4_panels.data());
         weights.matrix.values = weights.q4_panels.data();
-        weights.matrix.half_scales = weights.q4_panel_scales.data();
+        weights.matrix.half_scales = nullptr;  // the panels hold their scales
         weights.matrix.layout = QuantLayout::kPanels;
       }
       break;
@@ -695,83 +690,106 @@ TEST(Matmul, Q8PackIsTheDocumentedOne) {
 }
 
 // Panels written out by hand: 18 rows of 40 values are two panels of 16 rows (the second holding rows
-// 16 and 17, then 14 padding rows) over two blocks (40 values padded to 64), 16 x 64 bytes each. Byte
-// 64 c + 4 i + j of a panel holds value 4 c + j of its row i, + 128; scales come 16 per block.
+// 16 and 17, then 14 padding rows) over two blocks (40 values padded to 64). A panel's block is 576
+// bytes: byte 64 c + 4 i + j holds value 4 c + j of its row i, + 128, for c < 8, then the 16 rows'
+// f32 scales.
 TEST(Matmul, Q8PanelsAreTheDocumentedOnes) {
   const int64_t rows = 18, cols = 40;
-  ASSERT_EQ(q8_panel_bytes(rows, cols), 2 * 1024);
-  ASSERT_EQ(panel_scale_count(rows, cols), 2 * 2 * 16);
+  ASSERT_EQ(q8_panel_bytes(rows, cols), 2 * 2 * 576);
   std::vector<int8_t> values(static_cast<size_t>(rows * cols));
   for (int64_t i = 0; i < rows * cols; ++i) values[i] = static_cast<int8_t>((i * 7) % 255 - 127);
   std::vector<float> scales(static_cast<size_t>(rows * 2));
   for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<float>(i + 1);
-  std::vector<uint8_t> packed(2 * 1024, 7);  // 7 and -1: whatever was there before must be overwritten
-  std::vector<float> packed_scales(64, -1.0f);
-  pack_q8_panels(values.data(), scales.data(), 0, 17, rows, cols, packed.data(), packed_scales.data());
-  pack_q8_panels(values.data() + 17 * cols, scales.data() + 17 * 2, 17, 1, rows, cols, packed.data(), packed_scales.data());
-  EXPECT_EQ(packed[0], values[0] + 128);                  // row 0, value 0
-  EXPECT_EQ(packed[64 + 4 * 3 + 2], values[3 * cols + 6] + 128);  // row 3, value 6
-  EXPECT_EQ(packed[1024 + 64 * 9 + 4 * 1 + 3], values[17 * cols + 39] + 128);  // row 17, value 39
-  EXPECT_EQ(packed[1024 + 64 * 10 + 4 * 1], 128);        // row 17, value 40: padding
+  std::vector<uint8_t> packed(2 * 2 * 576, 7);  // whatever was there before must be overwritten
+  pack_q8_panels(values.data(), scales.data(), 0, 17, rows, cols, packed.data());
+  pack_q8_panels(values.data() + 17 * cols, scales.data() + 17 * 2, 17, 1, rows, cols, packed.data());
+  EXPECT_EQ(packed[0], values[0] + 128);                                     // row 0, value 0
+  EXPECT_EQ(packed[64 + 4 * 3 + 2], values[3 * cols + 6] + 128);             // row 3, value 6
+  EXPECT_EQ(packed[1152 + 576 + 64 + 4 * 1 + 3], values[17 * cols + 39] + 128);  // row 17, value 39
+  EXPECT_EQ(packed[1152 + 576 + 128 + 4 * 1], 128);                          // row 17, value 40: padding
+  auto scale_at = [&](int64_t byte) {
+    float scale;
+    std::memcpy(&scale, packed.data() + byte, sizeof(scale));
+    return scale;
+  };
+  EXPECT_EQ(scale_at(1152 + 576 + 512 + 4 * 1), scales[17 * 2 + 1]);  // row 17, block 1
   for (int64_t panel = 0; panel < 2; ++panel) {
-    for (int64_t c = 0; c < 16; ++c) {
+    for (int64_t block = 0; block < 2; ++block) {
+      const int64_t start = 1152 * panel + 576 * block;
       for (int64_t i = 0; i < 16; ++i) {
         const int64_t r = 16 * panel + i;
-        for (int64_t j = 0; j < 4; ++j) {
-          const int64_t k = 4 * c + j;
-          const int expected = r < rows && k < cols ? values[r * cols + k] + 128 : 128;
-          ASSERT_EQ(packed[1024 * panel + 64 * c + 4 * i + j], expected) << "row " << r << " value " << k;
+        for (int64_t c = 0; c < 8; ++c) {
+          for (int64_t j = 0; j < 4; ++j) {
+            const int64_t k = 32 * block + 4 * c + j;
+            const int expected = r < rows && k < cols ? values[r * cols + k] + 128 : 128;
+            ASSERT_EQ(packed[start + 64 * c + 4 * i + j], expected) << "row " << r << " value " << k;
+          }
         }
-      }
-      if (c >= 2) continue;
-      for (int64_t i = 0; i < 16; ++i) {
-        const int64_t r = 16 * panel + i;
-        ASSERT_EQ(packed_scales[32 * panel + 16 * c + i], r < rows ? scales[r * 2 + c] : 0.0f) << "row " << r << " block " << c;
+        ASSERT_EQ(scale_at(start + 512 + 4 * i), r < rows ? scales[r * 2 + block] : 0.0f) << "row " << r << " block " << block;
       }
     }
   }
 }
 
 // q4 panels written out by hand: 18 rows of 40 values (two blocks, the second padded with q = 0) are two
-// panels of 16 rows, 16 x 16 bytes per block. Byte 64 c + 4 i + j of a panel's block holds values
-// 8 c + j (low nibble) and 8 c + 4 + j (high) of its row i, as q + 8; f16 scales come 16 per block.
+// panels of 16 rows. A panel's blocks go in pairs of 576 bytes: each block's 4 vectors (byte 64 c + 4 i + j
+// holds values 8 c + j, low nibble, and 8 c + 4 + j, high, of its row i, as q + 8), then the 16 rows'
+// f16 scales of the first block, then of the second.
 TEST(Matmul, Q4PanelsAreTheDocumentedOnes) {
   const int64_t rows = 18, cols = 40;
-  ASSERT_EQ(q4_panel_bytes(rows, cols), 2 * 512);
-  ASSERT_EQ(panel_scale_count(rows, cols), 2 * 2 * 16);
+  ASSERT_EQ(q4_panel_bytes(rows, cols), 2 * 576);
   std::vector<float> source(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows * cols; ++i) source[i] = static_cast<float>((i * 5) % 16 - 8);  // q = the value, scale 1
-  for (int64_t r = 0; r < rows; ++r) source[r * cols + 32] = -8.0f;  // each block's largest magnitude, -8: scale 1
+  // q = (i * 5) % 16 - 8 at value i; block 0 with scale 1, block 1 with scale 2 (each block's largest
+  // magnitude is 8 times its scale, at its first value).
+  auto block_scale = [](int64_t k) { return k < 32 ? 1.0f : 2.0f; };
+  for (int64_t i = 0; i < rows * cols; ++i) source[i] = static_cast<float>((i * 5) % 16 - 8) * block_scale(i % cols);
   for (int64_t r = 0; r < rows; ++r) source[r * cols] = -8.0f;
+  for (int64_t r = 0; r < rows; ++r) source[r * cols + 32] = -16.0f;
   std::vector<uint8_t> nibbles(static_cast<size_t>(rows * q4_row_bytes(cols)));
   std::vector<uint16_t> scales(static_cast<size_t>(rows * 2));
   quantize_q4(source.data(), rows, cols, nibbles.data(), scales.data());
   ASSERT_EQ(f16_to_float(scales[0]), 1.0f);
-  std::vector<uint8_t> packed(2 * 512, 7);  // whatever was there before must be overwritten
-  std::vector<uint16_t> packed_scales(64, 0xffff);
-  pack_q4_panels(nibbles.data(), scales.data(), 0, 17, rows, cols, packed.data(), packed_scales.data());
-  pack_q4_panels(nibbles.data() + 17 * q4_row_bytes(cols), scales.data() + 17 * 2, 17, 1, rows, cols, packed.data(),
-                 packed_scales.data());
-  auto code = [&](int64_t r, int64_t k) { return r < rows && k < cols ? static_cast<int>(source[r * cols + k]) + 8 : 8; };
+  ASSERT_EQ(f16_to_float(scales[1]), 2.0f);
+  std::vector<uint8_t> packed(2 * 576, 7);  // whatever was there before must be overwritten
+  pack_q4_panels(nibbles.data(), scales.data(), 0, 17, rows, cols, packed.data());
+  pack_q4_panels(nibbles.data() + 17 * q4_row_bytes(cols), scales.data() + 17 * 2, 17, 1, rows, cols, packed.data());
+  auto code = [&](int64_t r, int64_t k) { return r < rows && k < cols ? static_cast<int>(source[r * cols + k] / block_scale(k)) + 8 : 8; };
+  auto scale_at = [&](int64_t byte) { return static_cast<uint16_t>(packed[byte] | packed[byte + 1] << 8); };
   EXPECT_EQ(packed[0], code(0, 0) | code(0, 4) << 4);                          // row 0, values 0 and 4
   EXPECT_EQ(packed[64 + 4 * 3 + 2], code(3, 10) | code(3, 14) << 4);           // row 3, values 10 and 14
-  EXPECT_EQ(packed[512 + 256 + 4 * 1 + 3], code(17, 35) | code(17, 39) << 4);  // row 17, values 35 and 39
-  EXPECT_EQ(packed[512 + 256 + 64 + 4 * 1], 0x88);                             // row 17, values 40 and 44: padding
+  EXPECT_EQ(packed[576 + 256 + 4 * 1 + 3], code(17, 35) | code(17, 39) << 4);  // row 17, values 35 and 39
+  EXPECT_EQ(packed[576 + 256 + 64 + 4 * 1], 0x88);                             // row 17, values 40 and 44: padding
+  EXPECT_EQ(scale_at(576 + 512 + 32 + 2 * 1), scales[17 * 2 + 1]);             // row 17, block 1
   for (int64_t panel = 0; panel < 2; ++panel) {
-    for (int64_t c = 0; c < 8; ++c) {
-      for (int64_t i = 0; i < 16; ++i) {
-        const int64_t r = 16 * panel + i;
-        for (int64_t j = 0; j < 4; ++j) {
-          ASSERT_EQ(packed[512 * panel + 64 * c + 4 * i + j], code(r, 8 * c + j) | code(r, 8 * c + 4 + j) << 4)
-              << "row " << r << " values " << 8 * c + j;
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t r = 16 * panel + i;
+      for (int64_t block = 0; block < 2; ++block) {
+        for (int64_t c = 0; c < 4; ++c) {
+          for (int64_t j = 0; j < 4; ++j) {
+            const int64_t k = 32 * block + 8 * c + j;
+            ASSERT_EQ(packed[576 * panel + 256 * block + 64 * c + 4 * i + j], code(r, k) | code(r, k + 4) << 4) << "row " << r << " values " << k;
+          }
         }
-      }
-      if (c >= 2) continue;
-      for (int64_t i = 0; i < 16; ++i) {
-        const int64_t r = 16 * panel + i;
-        ASSERT_EQ(packed_scales[32 * panel + 16 * c + i], r < rows ? scales[r * 2 + c] : 0) << "row " << r << " block " << c;
+        ASSERT_EQ(scale_at(576 * panel + 512 + 32 * block + 2 * i), r < rows ? scales[r * 2 + block] : 0) << "row " << r << " block " << block;
       }
     }
+  }
+}
+
+// An odd number of blocks: the last block's partner in its pair is padding, value 0 (code 8) with scale 0.
+TEST(Matmul, Q4PanelsPairAnOddLastBlockWithPadding) {
+  const int64_t rows = 16, cols = 70;  // three blocks: a pair, then block 2 and a padding block
+  ASSERT_EQ(q4_panel_bytes(rows, cols), 2 * 576);
+  std::vector<float> source(static_cast<size_t>(rows * cols), 1.0f);
+  std::vector<uint8_t> nibbles(static_cast<size_t>(rows * q4_row_bytes(cols)));
+  std::vector<uint16_t> scales(static_cast<size_t>(rows * 3));
+  quantize_q4(source.data(), rows, cols, nibbles.data(), scales.data());
+  std::vector<uint8_t> packed(2 * 576, 7);
+  pack_q4_panels(nibbles.data(), scales.data(), 0, rows, rows, cols, packed.data());
+  for (int64_t byte = 576 + 256; byte < 576 + 512; ++byte) ASSERT_EQ(packed[byte], 0x88) << "byte " << byte;
+  for (int64_t byte = 576 + 512 + 32; byte < 2 * 576; ++byte) ASSERT_EQ(packed[byte], 0) << "byte " << byte;
+  for (int64_t i = 0; i < 16; ++i) {
+    ASSERT_EQ(packed[576 + 512 + 2 * i] | packed[576 + 512 + 2 * i + 1] << 8, scales[i * 3 + 2]) << "row " << i;
   }
 }
 

@@ -29,17 +29,14 @@ void move_q4_to_panels(PreparedWeight& linear, ThreadPool& pool) {
   const auto* nibbles = static_cast<const uint8_t*>(linear.matrix.values);
   const uint16_t* half_scales = linear.matrix.half_scales;
   WeightBuffer<uint8_t> packed;
-  WeightBuffer<uint16_t> packed_scales;
   packed.resize(static_cast<size_t>(kernels::q4_panel_bytes(rows, cols)));
-  packed_scales.resize(static_cast<size_t>(kernels::panel_scale_count(rows, cols)));
   pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
-    kernels::pack_q4_panels(nibbles + first * row_bytes, half_scales + first * blocks, first, last - first, rows, cols,
-                            packed.data(), packed_scales.data());
+    kernels::pack_q4_panels(nibbles + first * row_bytes, half_scales + first * blocks, first, last - first, rows, cols, packed.data());
   });
   linear.owned_q4 = std::move(packed);
-  linear.owned_half_scales = std::move(packed_scales);
+  linear.owned_half_scales.resize(0);  // the panels hold their scales
   linear.matrix.values = linear.owned_q4.data();
-  linear.matrix.half_scales = linear.owned_half_scales.data();
+  linear.matrix.half_scales = nullptr;
   linear.matrix.layout = kernels::QuantLayout::kPanels;
 }
 
@@ -76,12 +73,11 @@ PreparedWeight prepare_rows(const TensorView& view, WeightFormat format, ThreadP
   if (format == WeightFormat::kQ8 && panels_here()) {
     const int64_t blocks = q8_blocks_per_row(cols);
     linear.owned_q8.resize(static_cast<size_t>(kernels::q8_panel_bytes(rows, cols)));
-    linear.owned_scales.resize(static_cast<size_t>(kernels::panel_scale_count(rows, cols)));
     const bool stored_q8 = view.dtype == DType::kQ8;  // a checkpoint written by `gemma4rt quantize`
     pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
       if (stored_q8) {
         kernels::pack_q8_panels(reinterpret_cast<const int8_t*>(view.data) + first * cols, view.q8_scales + first * blocks, first,
-                                last - first, rows, cols, linear.owned_q8.data(), linear.owned_scales.data());
+                                last - first, rows, cols, linear.owned_q8.data());
         return;
       }
       std::vector<float> row(static_cast<size_t>(cols)), scales(static_cast<size_t>(blocks));
@@ -89,11 +85,10 @@ PreparedWeight prepare_rows(const TensorView& view, WeightFormat format, ThreadP
       for (int64_t r = first; r < last; ++r) {
         view.read_floats(r * cols, cols, row.data());
         kernels::quantize_q8(row.data(), 1, cols, values.data(), scales.data());
-        kernels::pack_q8_panels(values.data(), scales.data(), r, 1, rows, cols, linear.owned_q8.data(), linear.owned_scales.data());
+        kernels::pack_q8_panels(values.data(), scales.data(), r, 1, rows, cols, linear.owned_q8.data());
       }
     });
-    linear.matrix.values = linear.owned_q8.data();
-    linear.matrix.block_scales = linear.owned_scales.data();
+    linear.matrix.values = linear.owned_q8.data();  // the panels hold their scales
     linear.matrix.layout = kernels::QuantLayout::kPanels;
     return linear;
   }

@@ -1,7 +1,7 @@
 // A weight matrix prepared for the SIMD kernels in the chosen format. bf16 and f32 weights stored in
 // that format are used in place from the memory map, and q4 ones below AVX-512; q8, and q4 where the
 // AVX-512 kernels run, are repacked into the kernels' layout (panels where the AVX-512 kernels run,
-// their scales with them; q8 in superblocks below, the scales staying in place unless the rows are
+// each block's scales inside them; q8 in superblocks below, the scales staying in place unless the rows are
 // segment-major), and other combinations are converted once at load into storage this object owns.
 #pragma once
 
@@ -20,9 +20,9 @@ struct PreparedWeight {
   WeightBuffer<uint16_t> owned_bf16;
   WeightBuffer<float> owned_f32;
   WeightBuffer<uint8_t> owned_q8;   // pack_q8_panels' or pack_q8's layout
-  WeightBuffer<float> owned_scales;
+  WeightBuffer<float> owned_scales;  // q8 superblocks' segment-major scales (panels hold their own)
   WeightBuffer<uint8_t> owned_q4;   // row-major nibbles or pack_q4_panels' layout
-  WeightBuffer<uint16_t> owned_half_scales;
+  WeightBuffer<uint16_t> owned_half_scales;  // row-major q4's, quantised at load (panels hold their own)
 
   // Bytes one full pass over this weight reads.
   size_t read_bytes() const { return static_cast<size_t>(weight_bytes(matrix.rows, matrix.cols, matrix.format)); }

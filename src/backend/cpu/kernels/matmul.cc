@@ -91,7 +91,11 @@ void matmul_q8_panels_scalar(const MatmulOperands& op, int64_t row_begin, int64_
   const auto* w = static_cast<const uint8_t*>(op.w);
   matmul_blocks_scalar(
       op, row_begin, row_end, [&](int64_t r, int64_t k) { return static_cast<int32_t>(w[q8_panel_address(r, k, op.cols)]) - 128; },
-      [&](int64_t r, int64_t b) { return op.w_scales[panel_scale_index(r, b, op.cols)]; });
+      [&](int64_t r, int64_t b) {
+        float scale;
+        std::memcpy(&scale, w + q8_panel_scale_address(r, b, op.cols), sizeof(scale));
+        return scale;
+      });
 }
 
 // The same over q4 panels (pack_q4_panels).
@@ -103,7 +107,11 @@ void matmul_q4_panels_scalar(const MatmulOperands& op, int64_t row_begin, int64_
         const Q4NibbleAt at = q4_panel_nibble_at(r, k, op.cols);
         return static_cast<int32_t>(at.high ? w[at.byte] >> 4 : w[at.byte] & 0x0f) - 8;
       },
-      [&](int64_t r, int64_t b) { return f16_to_float(op.w_half_scales[panel_scale_index(r, b, op.cols)]); });
+      [&](int64_t r, int64_t b) {
+        uint16_t scale;
+        std::memcpy(&scale, w + q4_panel_scale_address(r, b, op.cols), sizeof(scale));
+        return f16_to_float(scale);
+      });
 }
 
 // The weight's nibble holds q + 8 (layout in core/formats.h).
@@ -240,7 +248,7 @@ void pack_q8(const int8_t* values, int64_t first_row, int64_t row_count, int64_t
 }
 
 void pack_q8_panels(const int8_t* values, const float* block_scales, int64_t first_row, int64_t row_count, int64_t rows,
-                    int64_t cols, uint8_t* packed, float* packed_scales) {
+                    int64_t cols, uint8_t* packed) {
   const int64_t blocks = q8_blocks_per_row(cols), padded_cols = blocks * kQ8BlockValues;
   // The rows to write: the padding rows of the last panel go with the last row.
   const int64_t end = first_row + row_count == rows ? panel_count(rows) * kQuantPanelRows : first_row + row_count;
@@ -251,17 +259,20 @@ void pack_q8_panels(const int8_t* values, const float* block_scales, int64_t fir
     if (real) {
       for (int64_t k = 0; k < cols; ++k) codes[k] = static_cast<uint8_t>(values[(r - first_row) * cols + k] + 128);
     }
-    uint8_t* row_start = packed + q8_panel_address(r, 0, cols);  // the row's 4 values are 64 bytes apart
-    for (int64_t k = 0; k < padded_cols; k += 4) std::memcpy(row_start + k * 16, codes.data() + k, 4);
-    for (int64_t b = 0; b < blocks; ++b) packed_scales[panel_scale_index(r, b, cols)] = real ? block_scales[(r - first_row) * blocks + b] : 0.0f;
+    for (int64_t k = 0; k < padded_cols; k += 4) std::memcpy(packed + q8_panel_address(r, k, cols), codes.data() + k, 4);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float scale = real ? block_scales[(r - first_row) * blocks + b] : 0.0f;
+      std::memcpy(packed + q8_panel_scale_address(r, b, cols), &scale, sizeof(scale));
+    }
   }
 }
 
 void pack_q4_panels(const uint8_t* nibbles, const uint16_t* half_scales, int64_t first_row, int64_t row_count, int64_t rows,
-                    int64_t cols, uint8_t* packed, uint16_t* packed_scales) {
+                    int64_t cols, uint8_t* packed) {
   const int64_t blocks = q4_blocks_per_row(cols), row_bytes = q4_row_bytes(cols);
+  const int64_t paired_blocks = (blocks + 1) / 2 * 2;  // an odd last block's partner: value 0, scale 0
   const int64_t end = first_row + row_count == rows ? panel_count(rows) * kQuantPanelRows : first_row + row_count;
-  std::vector<uint8_t> codes(static_cast<size_t>(blocks * kQ4BlockValues));  // q + 8 per value, padding included
+  std::vector<uint8_t> codes(static_cast<size_t>(paired_blocks * kQ4BlockValues), uint8_t{8});  // q + 8 per value, padding 8
   for (int64_t r = first_row; r < end; ++r) {
     const bool real = r < rows;
     if (real) {
@@ -269,11 +280,14 @@ void pack_q4_panels(const uint8_t* nibbles, const uint16_t* half_scales, int64_t
     } else {
       std::fill(codes.begin(), codes.end(), uint8_t{8});  // padding rows: value 0
     }
-    uint8_t* row_start = packed + q4_panel_nibble_at(r, 0, cols).byte;  // the row's 4 bytes are 64 bytes apart
-    for (int64_t k = 0; k < blocks * kQ4BlockValues; k += 8) {
-      for (int64_t j = 0; j < 4; ++j) row_start[k * 8 + j] = static_cast<uint8_t>(codes[k + j] | codes[k + 4 + j] << 4);
+    for (int64_t k = 0; k < paired_blocks * kQ4BlockValues; k += 8) {
+      uint8_t* bytes = packed + q4_panel_nibble_at(r, k, cols).byte;
+      for (int64_t j = 0; j < 4; ++j) bytes[j] = static_cast<uint8_t>(codes[k + j] | codes[k + 4 + j] << 4);
     }
-    for (int64_t b = 0; b < blocks; ++b) packed_scales[panel_scale_index(r, b, cols)] = real ? half_scales[(r - first_row) * blocks + b] : 0;
+    for (int64_t b = 0; b < paired_blocks; ++b) {
+      const uint16_t scale = real && b < blocks ? half_scales[(r - first_row) * blocks + b] : 0;
+      std::memcpy(packed + q4_panel_scale_address(r, b, cols), &scale, sizeof(scale));
+    }
   }
 }
 
@@ -464,8 +478,9 @@ void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64
     fail("matmul: row range [{}, {}) outside a weight of {} rows", row_begin, row_end, w.rows);
   }
   if (row_begin == row_end || x.tokens() == 0) return;
-  if (w.values == nullptr || (w.format == WeightFormat::kQ8 && w.block_scales == nullptr) ||
-      (w.format == WeightFormat::kQ4 && w.half_scales == nullptr)) {
+  const bool scales_apart = w.layout != QuantLayout::kPanels;  // panels hold their scales
+  if (w.values == nullptr || (scales_apart && w.format == WeightFormat::kQ8 && w.block_scales == nullptr) ||
+      (scales_apart && w.format == WeightFormat::kQ4 && w.half_scales == nullptr)) {
     fail("matmul: weight matrix of {} rows has no data", w.rows);
   }
 

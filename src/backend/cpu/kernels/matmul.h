@@ -87,41 +87,57 @@ void pack_q8_scales(const float* block_scales, int64_t first_row, int64_t row_co
 // vpdpbusd multiplies 4 consecutive values of each of 16 rows (unsigned codes) by one token's 4
 // activations broadcast from memory. A panel is stored front to back along K (cols padded to whole
 // blocks of 32 with value 0), panel after panel; rows past the last (to the next multiple of 16) hold
-// value 0 with scale 0. Block scales come as [panel][block][16]: one vector per block (f32 for q8, f16
-// for q4). One token's product then streams its panels front to back, and its activations are 4-byte
-// broadcasts rather than 64-byte loads (the loads kept the weight stream from overlapping the
-// arithmetic: docs/benchmarks.md).
-//   q8: a block of a panel is 8 vectors; byte 4 i + j of vector c holds value 4 c + j of row i, + 128.
+// value 0 with scale 0. Each block's 16 scales (f32 for q8, f16 for q4) lie in the panel right after
+// its codes, so one token's product streams its panels front to back as one stream: with the scales
+// in an array of their own, a core read the two streams 17-25% slower (docs/benchmarks.md). The
+// activations are 4-byte broadcasts rather than 64-byte loads (the loads kept the weight stream from
+// overlapping the arithmetic: docs/benchmarks.md).
+//   q8: a block of a panel is 8 vectors, then its 16 scales: 576 bytes. Byte 4 i + j of vector c holds
+//       value 4 c + j of row i, + 128.
 //   q4: a block of a panel is 4 vectors; byte 4 i + j of vector c holds values 8 c + j (low nibble) and
 //       8 c + 4 + j (high nibble) of row i, as q + 8: one AND gives the first 4, a shift and an AND the
-//       next. 4.5 bits per weight with the scales, as the row-major q4 layout.
+//       next. Blocks go in pairs, the two blocks' vectors then their 16 + 16 scales: 576 bytes, so every
+//       vector stays on a 64-byte line (an odd last block is paired with a padding block, value 0 and
+//       scale 0). 4.5 bits per weight with the scales, as the row-major q4 layout.
 enum class QuantLayout { kSuperblocks, kPanels };
 constexpr int64_t kQuantPanelRows = 16;
+constexpr int64_t kQ8PanelBlockBytes = kQuantPanelRows * (kQ8BlockValues + 4);      // codes, then f32 scales
+constexpr int64_t kQ4PanelPairBytes = 2 * (kQuantPanelRows * kQ4BlockValues / 2 + kQuantPanelRows * 2);  // two blocks' codes, then f16 scales
+static_assert(kQ8PanelBlockBytes % 64 == 0 && kQ4PanelPairBytes % 64 == 0, "blocks keep vectors on 64-byte lines");
 inline int64_t panel_count(int64_t rows) { return (rows + kQuantPanelRows - 1) / kQuantPanelRows; }
-inline int64_t panel_scale_count(int64_t rows, int64_t cols) { return panel_count(rows) * kQuantPanelRows * q8_blocks_per_row(cols); }
-inline int64_t panel_scale_index(int64_t r, int64_t block, int64_t cols) {
-  return (r / kQuantPanelRows * q8_blocks_per_row(cols) + block) * kQuantPanelRows + r % kQuantPanelRows;
-}
-inline int64_t q8_panel_bytes(int64_t rows, int64_t cols) {
-  return panel_count(rows) * kQuantPanelRows * q8_blocks_per_row(cols) * kQ8BlockValues;
-}
-// Where value k of row r lies.
+inline int64_t q8_panel_stride(int64_t cols) { return q8_blocks_per_row(cols) * kQ8PanelBlockBytes; }
+inline int64_t q4_panel_stride(int64_t cols) { return (q4_blocks_per_row(cols) + 1) / 2 * kQ4PanelPairBytes; }
+inline int64_t q8_panel_bytes(int64_t rows, int64_t cols) { return panel_count(rows) * q8_panel_stride(cols); }
+inline int64_t q4_panel_bytes(int64_t rows, int64_t cols) { return panel_count(rows) * q4_panel_stride(cols); }
+// Where value k of row r lies, and where the scale of row r's block b does (a float / an f16).
 inline int64_t q8_panel_address(int64_t r, int64_t k, int64_t cols) {
-  return r / kQuantPanelRows * kQuantPanelRows * q8_blocks_per_row(cols) * kQ8BlockValues + k / 4 * 64 + r % kQuantPanelRows * 4 + k % 4;
+  return r / kQuantPanelRows * q8_panel_stride(cols) + k / kQ8BlockValues * kQ8PanelBlockBytes + k % kQ8BlockValues / 4 * 64 +
+         r % kQuantPanelRows * 4 + k % 4;
 }
-inline int64_t q4_panel_bytes(int64_t rows, int64_t cols) { return q8_panel_bytes(rows, cols) / 2; }
+inline int64_t q8_panel_scale_address(int64_t r, int64_t block, int64_t cols) {
+  return r / kQuantPanelRows * q8_panel_stride(cols) + block * kQ8PanelBlockBytes + kQuantPanelRows * kQ8BlockValues +
+         r % kQuantPanelRows * 4;
+}
+// A q4 block's first vector: block 2 p + h at p * 576 + h * 256 of its panel.
+inline int64_t q4_panel_block_offset(int64_t block) { return block / 2 * kQ4PanelPairBytes + block % 2 * (kQuantPanelRows * kQ4BlockValues / 2); }
 inline Q4NibbleAt q4_panel_nibble_at(int64_t r, int64_t k, int64_t cols) {
-  return {r / kQuantPanelRows * kQuantPanelRows * q4_row_bytes(cols) + k / 8 * 64 + r % kQuantPanelRows * 4 + k % 4, k % 8 >= 4};
+  return {r / kQuantPanelRows * q4_panel_stride(cols) + q4_panel_block_offset(k / kQ4BlockValues) + k % kQ4BlockValues / 8 * 64 +
+              r % kQuantPanelRows * 4 + k % 4,
+          k % 8 >= 4};
 }
-// Pack rows [first_row, first_row + row_count) of a [rows][cols] matrix into panels (*_panel_bytes and
-// panel_scale_count), padding included: q8 from row-major int8 values and their
+inline int64_t q4_panel_scale_address(int64_t r, int64_t block, int64_t cols) {
+  return r / kQuantPanelRows * q4_panel_stride(cols) + block / 2 * kQ4PanelPairBytes + kQuantPanelRows * kQ4BlockValues +
+         block % 2 * kQuantPanelRows * 2 + r % kQuantPanelRows * 2;
+}
+// Pack rows [first_row, first_row + row_count) of a [rows][cols] matrix into panels (*_panel_bytes),
+// scales and padding included: q8 from row-major int8 values and their
 // [row_count][q8_blocks_per_row(cols)] block scales, q4 from WeightFormat::kQ4's rows and scales. The
 // call that packs the last row also writes the padding rows; calls for different panels may run side
 // by side.
 void pack_q8_panels(const int8_t* values, const float* block_scales, int64_t first_row, int64_t row_count, int64_t rows,
-                    int64_t cols, uint8_t* packed, float* packed_scales);
+                    int64_t cols, uint8_t* packed);
 void pack_q4_panels(const uint8_t* nibbles, const uint16_t* half_scales, int64_t first_row, int64_t row_count, int64_t rows,
-                    int64_t cols, uint8_t* packed, uint16_t* packed_scales);
+                    int64_t cols, uint8_t* packed);
 // One WeightFormat::kQ4 row's codes (q + 8, a byte each) in value order: q4_blocks_per_row(cols) * 32
 // of them, the last block's padding as stored (8, zero, as quantize_q4 writes it).
 void unpack_q4_row(const uint8_t* row, int64_t cols, uint8_t* codes);
@@ -132,8 +148,8 @@ struct WeightMatrix {
   const void* values = nullptr;          // f32 / bf16 (uint16_t bits), row-major [rows][cols]
                                          // q8: pack_q8's bytes (q8_packed_address) or panels
                                          // q4: nibbles, [rows][q4_row_bytes(cols)], or panels
-  const float* block_scales = nullptr;   // q8 only: pack_q8_scales's (q8_scale_index) or panels'
-  const uint16_t* half_scales = nullptr; // q4 only: f16 [rows][q4_blocks_per_row(cols)] or panels'
+  const float* block_scales = nullptr;   // q8 only: pack_q8_scales's (q8_scale_index); none for panels
+  const uint16_t* half_scales = nullptr; // q4 only: f16 [rows][q4_blocks_per_row(cols)]; none for panels
   QuantLayout layout = QuantLayout::kSuperblocks;  // q8 and q4
 };
 
@@ -243,8 +259,8 @@ struct MatmulOperands {
   int64_t x_stride;             // elements between tokens (a multiple of 64)
   int64_t tokens;
   const void* w;                // weights [rows][cols]
-  const float* w_scales;        // q8: at q8_scale_index, or panel_scale_index
-  const uint16_t* w_half_scales;  // q4: f16 [rows][q4_blocks_per_row(cols)], or panel_scale_index
+  const float* w_scales;        // q8: at q8_scale_index (panels hold their own)
+  const uint16_t* w_half_scales;  // q4: f16 [rows][q4_blocks_per_row(cols)] (panels hold their own)
   int64_t cols;
   float* y;
   int64_t y_stride;

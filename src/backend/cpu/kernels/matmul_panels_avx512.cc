@@ -31,8 +31,10 @@ constexpr int64_t kPanelRows = kQuantPanelRows;
 
 // What differs between the formats: a block of a panel's bytes, its 8 vpdpbusd operands, its scales.
 struct Q8Panels {
-  static constexpr int64_t kBlockBytes = kPanelRows * kQ8BlockValues;  // 8 vectors
-  using Scale = float;
+  // Bytes of the stream per block (its 8 vectors and its scales); block b at b * 576.
+  static constexpr int64_t kStreamBytesPerBlock = kQ8PanelBlockBytes;
+  static int64_t panel_stride(int64_t cols) { return q8_panel_stride(cols); }
+  static const uint8_t* block(const uint8_t* panel, int64_t b) { return panel + b * kQ8PanelBlockBytes; }
   // Operands v and v + 1 (v even) of the block at `block`. With kScaledSecond, a format may hand out
   // the second operand times 16 (q4: one instruction fewer per vector); its chain is then divided back.
   template <bool kScaledSecond>
@@ -42,11 +44,14 @@ struct Q8Panels {
   }
   template <bool kScaledSecond>
   static __m512i unscale_second(__m512i chain) { return chain; }
-  static __m512 scales(const float* at) { return _mm512_loadu_ps(at); }
+  // The block's 16 scales follow its 8 vectors.
+  static __m512 scales(const uint8_t* block, int64_t) { return _mm512_loadu_ps(block + 8 * 64); }
 };
 struct Q4Panels {
-  static constexpr int64_t kBlockBytes = kPanelRows * kQ4BlockValues / 2;  // 4 vectors
-  using Scale = uint16_t;
+  // Blocks in pairs: the two blocks' 4 vectors each, then their scales (576 bytes a pair).
+  static constexpr int64_t kStreamBytesPerBlock = kQ4PanelPairBytes / 2;
+  static int64_t panel_stride(int64_t cols) { return q4_panel_stride(cols); }
+  static const uint8_t* block(const uint8_t* panel, int64_t b) { return panel + q4_panel_block_offset(b); }
   // The high nibbles in place are 16 times the codes; a chain of only such products is a multiple of
   // 16, so an arithmetic shift divides it back exactly.
   template <bool kScaledSecond>
@@ -64,18 +69,24 @@ struct Q4Panels {
     if constexpr (kScaledSecond) return _mm512_srai_epi32(chain, 4);
     return chain;
   }
-  static __m512 scales(const uint16_t* at) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))); }
+  static __m512 scales(const uint8_t* block, int64_t b) {
+    // From block 2 p + h's vectors, the pair's scales begin at 512 - 256 h, block h's 32 h later.
+    const int64_t half = b % 2;
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 8 * 64 - 256 * half + 32 * half)));
+  }
 };
 
-// Bytes ahead of the weight loads that a step of several tokens prefetches, beside the hardware
-// prefetchers (the same bytes for q4, whose 4 KiB hold twice the values). Swept for q8 over 0-8 KiB on
-// the Zen 5 (two threads, two rounds; bandwidth drifting by half): a step of 8 tokens reached 65-82% of
+// Blocks ahead of the weight loads that a step of several tokens prefetches, beside the hardware
+// prefetchers: 9 KiB of q8, 4.5 KiB of q4. Swept for q8 over 0-8 KiB on the Zen 5 (two threads, two
+// rounds; bandwidth drifting by half) when the scales lay apart: a step of 8 tokens reached 65-82% of
 // the probe at 4 KiB against 42-77% without, and without it one thread's step of 8 still takes 1.5-1.9
-// times as long. The lines go to L2 (T1), not L1 (T0): L1 tracks far fewer misses at once
+// times as long. With the scales in the panels (Zen 4, one thread, a step of 8, three rounds), q8 took
+// 1.10-1.12 ms at 4 KiB, 1.01-1.04 at 8 blocks (4.5 KiB) and 0.94-0.95 at 12-16 blocks, q4 0.88-0.96
+// whatever the distance. The lines go to L2 (T1), not L1 (T0): L1 tracks far fewer misses at once
 // (docs/benchmarks.md, "panel decode prefetches into L2"). One token's single stream needs none: the
 // hardware prefetchers keep up with it, and prefetching 4-16 KiB ahead made it 5-35% slower (1 KiB:
 // the same).
-constexpr int64_t kStepPrefetchBytes = 4096;
+constexpr int64_t kStepPrefetchBlocks = 16;
 // Panels per cache block in prefill: the block's weights stay in L2 while every token tile passes.
 constexpr int64_t kPrefillBlockBytes = 384 * 1024;
 constexpr int kPrefillTokens = 6, kPrefillPanels = 2, kStepTokens = 8;
@@ -88,12 +99,10 @@ struct TokenOperands {
   const std::byte* superblocks;
 };
 
-template <typename Panels>
 struct PanelOperands {
-  const uint8_t* codes;                    // panel 0's
-  const typename Panels::Scale* scales;
-  int64_t blocks;                          // per row
-  int64_t panel_bytes;                     // blocks * Panels::kBlockBytes
+  const uint8_t* codes;  // panel 0's first byte (codes and scales)
+  int64_t blocks;        // per row
+  int64_t panel_bytes;   // q8_panel_stride / q4_panel_stride
 };
 
 inline int32_t load_int32(const void* address) {
@@ -105,24 +114,27 @@ inline int32_t load_int32(const void* address) {
 // sums[t][p] = the 16 rows of panel first_panel + p against token t, over all of K. CHAINS integer
 // chains per product (their sum is exact): one token's few products need two to hide vpdpbusd's latency.
 template <typename Panels, int MT, int NP, int CHAINS>
-inline void panel_tile(const PanelOperands<Panels>& w, const TokenOperands* tokens, int64_t first_panel, int64_t prefetch,
+inline void panel_tile(const PanelOperands& w, const TokenOperands* tokens, int64_t first_panel, int64_t prefetch,
                        __m512 (&sums)[MT][NP]) {
   static_assert(CHAINS == 1 || CHAINS == 2, "one or two chains");
-  const uint8_t* codes[NP];
-  const typename Panels::Scale* scales[NP];
+  const uint8_t* panels[NP];
 #pragma GCC unroll 8
   for (int p = 0; p < NP; ++p) {
-    codes[p] = w.codes + (first_panel + p) * w.panel_bytes;
-    scales[p] = w.scales + (first_panel + p) * w.blocks * kPanelRows;
+    panels[p] = w.codes + (first_panel + p) * w.panel_bytes;
 #pragma GCC unroll 8
     for (int t = 0; t < MT; ++t) sums[t][p] = _mm512_setzero_ps();
   }
   for (int64_t b = 0; b < w.blocks; ++b) {
+    const uint8_t* blocks[NP];
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) blocks[p] = Panels::block(panels[p], b);
     if (prefetch != 0) {
 #pragma GCC unroll 8
       for (int p = 0; p < NP; ++p) {
 #pragma GCC unroll 8
-        for (int line = 0; line < Panels::kBlockBytes / 64; ++line) _mm_prefetch(reinterpret_cast<const char*>(codes[p] + prefetch + 64 * line), _MM_HINT_T1);
+        for (int line = 0; line < (Panels::kStreamBytesPerBlock + 63) / 64; ++line) {
+          _mm_prefetch(reinterpret_cast<const char*>(blocks[p] + prefetch + 64 * line), _MM_HINT_T1);
+        }
       }
     }
     const int64_t correction_at = b / 16 * 640 + 576 + 4 * (b % 16);
@@ -140,7 +152,7 @@ inline void panel_tile(const PanelOperands<Panels>& w, const TokenOperands* toke
     for (int v = 0; v < 8; v += 2) {
       __m512i first[NP], second[NP];
 #pragma GCC unroll 8
-      for (int p = 0; p < NP; ++p) Panels::template operands<CHAINS == 2>(codes[p], v, first[p], second[p]);
+      for (int p = 0; p < NP; ++p) Panels::template operands<CHAINS == 2>(blocks[p], v, first[p], second[p]);
 #pragma GCC unroll 8
       for (int t = 0; t < MT; ++t) {
         const int8_t* x = tokens[t].values + kQ8BlockValues * b + 4 * v;
@@ -154,7 +166,7 @@ inline void panel_tile(const PanelOperands<Panels>& w, const TokenOperands* toke
     }
 #pragma GCC unroll 8
     for (int p = 0; p < NP; ++p) {
-      const __m512 row_scales = Panels::scales(scales[p] + kPanelRows * b);
+      const __m512 row_scales = Panels::scales(blocks[p], b);
 #pragma GCC unroll 8
       for (int t = 0; t < MT; ++t) {
         __m512i dot = dots[t][p][0];
@@ -162,14 +174,13 @@ inline void panel_tile(const PanelOperands<Panels>& w, const TokenOperands* toke
         const __m512 scale = _mm512_mul_ps(row_scales, _mm512_set1_ps(tokens[t].scales[b]));
         sums[t][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, sums[t][p]);
       }
-      codes[p] += Panels::kBlockBytes;
     }
   }
 }
 
 // Runs a tile and writes its outputs that fall in [row_begin, row_end).
 template <typename Panels, int MT, int NP, int CHAINS>
-inline void run_tile(const MatmulOperands& op, const PanelOperands<Panels>& w, const TokenOperands* tokens, int64_t t0, int64_t first_panel,
+inline void run_tile(const MatmulOperands& op, const PanelOperands& w, const TokenOperands* tokens, int64_t t0, int64_t first_panel,
                      int64_t row_begin, int64_t row_end, int64_t prefetch) {
   __m512 sums[MT][NP];
   panel_tile<Panels, MT, NP, CHAINS>(w, tokens + t0, first_panel, prefetch, sums);
@@ -187,7 +198,7 @@ inline void run_tile(const MatmulOperands& op, const PanelOperands<Panels>& w, c
 
 // Tokens [t0, t0 + count) (count <= 8) against NP panels from first_panel.
 template <typename Panels, int NP>
-void run_tokens(const MatmulOperands& op, const PanelOperands<Panels>& w, const TokenOperands* tokens, int64_t t0, int64_t count,
+void run_tokens(const MatmulOperands& op, const PanelOperands& w, const TokenOperands* tokens, int64_t t0, int64_t count,
                 int64_t first_panel, int64_t row_begin, int64_t row_end, int64_t prefetch) {
   switch (count) {
     case 1: return run_tile<Panels, 1, NP, 2>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
@@ -208,9 +219,8 @@ void run_tokens(const MatmulOperands& op, const PanelOperands<Panels>& w, const 
 }
 
 template <typename Panels>
-void matmul_panels(const MatmulOperands& op, const typename Panels::Scale* weight_scales, int64_t row_begin, int64_t row_end) {
-  const int64_t blocks = q8_blocks_per_row(op.cols);
-  const PanelOperands<Panels> w{static_cast<const uint8_t*>(op.w), weight_scales, blocks, blocks * Panels::kBlockBytes};
+void matmul_panels(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  const PanelOperands w{static_cast<const uint8_t*>(op.w), q8_blocks_per_row(op.cols), Panels::panel_stride(op.cols)};
   // The tokens' operands, worked out once (a prefill's in pieces of 64).
   constexpr int64_t kTokenBatch = 64;
   TokenOperands tokens[kTokenBatch];
@@ -237,7 +247,7 @@ void matmul_panels(const MatmulOperands& op, const typename Panels::Scale* weigh
     for (int64_t p = first_panel; p < end_panel; ++p) {
       for (int64_t t = 0; t < op.tokens; t += kStepTokens) {
         run_tokens<Panels, 1>(op, w, tokens, t, op.tokens - t < kStepTokens ? op.tokens - t : kStepTokens, p, row_begin, row_end,
-                      t == 0 ? kStepPrefetchBytes : 0);
+                      t == 0 ? kStepPrefetchBlocks * Panels::kStreamBytesPerBlock : 0);
       }
     }
     return;
@@ -265,11 +275,11 @@ void matmul_panels(const MatmulOperands& op, const typename Panels::Scale* weigh
 }  // namespace
 
 void matmul_q8_panels_avx512(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
-  matmul_panels<Q8Panels>(op, op.w_scales, row_begin, row_end);
+  matmul_panels<Q8Panels>(op, row_begin, row_end);
 }
 
 void matmul_q4_panels_avx512(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
-  matmul_panels<Q4Panels>(op, op.w_half_scales, row_begin, row_end);
+  matmul_panels<Q4Panels>(op, row_begin, row_end);
 }
 
 }  // namespace gemma4rt::kernels::detail
