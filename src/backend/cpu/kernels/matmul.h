@@ -109,25 +109,29 @@ inline int64_t q8_panel_stride(int64_t cols) { return q8_blocks_per_row(cols) * 
 inline int64_t q4_panel_stride(int64_t cols) { return (q4_blocks_per_row(cols) + 1) / 2 * kQ4PanelPairBytes; }
 inline int64_t q8_panel_bytes(int64_t rows, int64_t cols) { return panel_count(rows) * q8_panel_stride(cols); }
 inline int64_t q4_panel_bytes(int64_t rows, int64_t cols) { return panel_count(rows) * q4_panel_stride(cols); }
+// Within a panel: where block b's first vector lies and where its 16 scales begin (q4: block 2 p + h's
+// vectors at p * 576 + h * 256, its scales at p * 576 + 512 + h * 32). The kernels read through these.
+inline int64_t q8_panel_block_offset(int64_t block) { return block * kQ8PanelBlockBytes; }
+inline int64_t q8_panel_scale_offset(int64_t block) { return q8_panel_block_offset(block) + kQuantPanelRows * kQ8BlockValues; }
+inline int64_t q4_panel_block_offset(int64_t block) { return block / 2 * kQ4PanelPairBytes + block % 2 * (kQuantPanelRows * kQ4BlockValues / 2); }
+inline int64_t q4_panel_scale_offset(int64_t block) {
+  return block / 2 * kQ4PanelPairBytes + kQuantPanelRows * kQ4BlockValues + block % 2 * kQuantPanelRows * 2;
+}
 // Where value k of row r lies, and where the scale of row r's block b does (a float / an f16).
 inline int64_t q8_panel_address(int64_t r, int64_t k, int64_t cols) {
-  return r / kQuantPanelRows * q8_panel_stride(cols) + k / kQ8BlockValues * kQ8PanelBlockBytes + k % kQ8BlockValues / 4 * 64 +
+  return r / kQuantPanelRows * q8_panel_stride(cols) + q8_panel_block_offset(k / kQ8BlockValues) + k % kQ8BlockValues / 4 * 64 +
          r % kQuantPanelRows * 4 + k % 4;
 }
 inline int64_t q8_panel_scale_address(int64_t r, int64_t block, int64_t cols) {
-  return r / kQuantPanelRows * q8_panel_stride(cols) + block * kQ8PanelBlockBytes + kQuantPanelRows * kQ8BlockValues +
-         r % kQuantPanelRows * 4;
+  return r / kQuantPanelRows * q8_panel_stride(cols) + q8_panel_scale_offset(block) + r % kQuantPanelRows * 4;
 }
-// A q4 block's first vector: block 2 p + h at p * 576 + h * 256 of its panel.
-inline int64_t q4_panel_block_offset(int64_t block) { return block / 2 * kQ4PanelPairBytes + block % 2 * (kQuantPanelRows * kQ4BlockValues / 2); }
 inline Q4NibbleAt q4_panel_nibble_at(int64_t r, int64_t k, int64_t cols) {
   return {r / kQuantPanelRows * q4_panel_stride(cols) + q4_panel_block_offset(k / kQ4BlockValues) + k % kQ4BlockValues / 8 * 64 +
               r % kQuantPanelRows * 4 + k % 4,
           k % 8 >= 4};
 }
 inline int64_t q4_panel_scale_address(int64_t r, int64_t block, int64_t cols) {
-  return r / kQuantPanelRows * q4_panel_stride(cols) + block / 2 * kQ4PanelPairBytes + kQuantPanelRows * kQ4BlockValues +
-         block % 2 * kQuantPanelRows * 2 + r % kQuantPanelRows * 2;
+  return r / kQuantPanelRows * q4_panel_stride(cols) + q4_panel_scale_offset(block) + r % kQuantPanelRows * 2;
 }
 // Pack rows [first_row, first_row + row_count) of a [rows][cols] matrix into panels (*_panel_bytes),
 // scales and padding included: q8 from row-major int8 values and their

@@ -31,10 +31,10 @@ constexpr int64_t kPanelRows = kQuantPanelRows;
 
 // What differs between the formats: a block of a panel's bytes, its 8 vpdpbusd operands, its scales.
 struct Q8Panels {
-  // Bytes of the stream per block (its 8 vectors and its scales); block b at b * 576.
+  // Bytes of the stream per block: its 8 vectors and its scales.
   static constexpr int64_t kStreamBytesPerBlock = kQ8PanelBlockBytes;
   static int64_t panel_stride(int64_t cols) { return q8_panel_stride(cols); }
-  static const uint8_t* block(const uint8_t* panel, int64_t b) { return panel + b * kQ8PanelBlockBytes; }
+  static const uint8_t* block(const uint8_t* panel, int64_t b) { return panel + q8_panel_block_offset(b); }
   // Operands v and v + 1 (v even) of the block at `block`. With kScaledSecond, a format may hand out
   // the second operand times 16 (q4: one instruction fewer per vector); its chain is then divided back.
   template <bool kScaledSecond>
@@ -44,8 +44,7 @@ struct Q8Panels {
   }
   template <bool kScaledSecond>
   static __m512i unscale_second(__m512i chain) { return chain; }
-  // The block's 16 scales follow its 8 vectors.
-  static __m512 scales(const uint8_t* block, int64_t) { return _mm512_loadu_ps(block + 8 * 64); }
+  static __m512 scales(const uint8_t* panel, int64_t b) { return _mm512_loadu_ps(panel + q8_panel_scale_offset(b)); }
 };
 struct Q4Panels {
   // Blocks in pairs: the two blocks' 4 vectors each, then their scales (576 bytes a pair).
@@ -69,10 +68,8 @@ struct Q4Panels {
     if constexpr (kScaledSecond) return _mm512_srai_epi32(chain, 4);
     return chain;
   }
-  static __m512 scales(const uint8_t* block, int64_t b) {
-    // From block 2 p + h's vectors, the pair's scales begin at 512 - 256 h, block h's 32 h later.
-    const int64_t half = b % 2;
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 8 * 64 - 256 * half + 32 * half)));
+  static __m512 scales(const uint8_t* panel, int64_t b) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + q4_panel_scale_offset(b))));
   }
 };
 
@@ -166,7 +163,7 @@ inline void panel_tile(const PanelOperands& w, const TokenOperands* tokens, int6
     }
 #pragma GCC unroll 8
     for (int p = 0; p < NP; ++p) {
-      const __m512 row_scales = Panels::scales(blocks[p], b);
+      const __m512 row_scales = Panels::scales(panels[p], b);
 #pragma GCC unroll 8
       for (int t = 0; t < MT; ++t) {
         __m512i dot = dots[t][p][0];
