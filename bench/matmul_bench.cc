@@ -332,7 +332,11 @@ struct MatmulCase {
   QuantLayout layout = QuantLayout::kSuperblocks;  // q8, q4: panels are what load gives the AVX-512 kernels
 };
 
-bool has_panels(WeightFormat format) { return format == WeightFormat::kQ8 || format == WeightFormat::kQ4; }
+// Panels are the AVX-512 kernels' layout; below that, load keeps q8 and q4 in superblocks and a panel
+// product would time the scalar reference.
+bool has_panels(WeightFormat format) {
+  return (format == WeightFormat::kQ8 || format == WeightFormat::kQ4) && detected_isa() >= Isa::kAvx512;
+}
 
 std::string format_label(WeightFormat format, QuantLayout layout = QuantLayout::kSuperblocks) {
   return std::string(format_name(format)) + (layout == QuantLayout::kPanels ? "-panels" : "");
