@@ -295,6 +295,7 @@ TEST(Matmul, LongRowsStayWithinTolerance) {
       check_matmul(rng, 16, 11, 6144 + 13, kind);  // two token tiles over K chunks
       check_matmul(rng, 21, 13, 6144 + 13, kind);  // prefill tiles over long rows
       check_matmul(rng, 37, 150, 1536 + 3, kind);  // bf16 prefill panels: two blocks of rows, an odd K
+      check_matmul(rng, 530, 9, 70, kind);         // AVX2 bf16 prefill panels: two groups of tokens
       check_matmul(rng, 1, 19, 12288 + 5, kind);
       check_matmul(rng, 1, 70, 1536, kind);
       check_matmul(rng, 8, 13, 2048, kind);   // float rows 4 KiB apart: a step's stride gets half a page more

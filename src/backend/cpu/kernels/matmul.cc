@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <vector>
 
 #include "core/bf16.h"
@@ -534,5 +536,25 @@ void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64
   }
   kernel(operands, row_begin, row_end);
 }
+
+namespace detail {
+
+void* thread_scratch(int slot, size_t bytes) {
+  struct FreeDeleter {
+    void operator()(void* pointer) const { std::free(pointer); }
+  };
+  thread_local std::unique_ptr<void, FreeDeleter> buffers[2];
+  thread_local size_t capacities[2] = {};
+  if (slot < 0 || slot > 1) fail("matmul: no scratch slot {}", slot);
+  if (bytes > capacities[slot]) {
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    buffers[slot].reset(std::aligned_alloc(4096, rounded));
+    if (!buffers[slot]) throw std::bad_alloc();
+    capacities[slot] = rounded;
+  }
+  return buffers[slot].get();
+}
+
+}  // namespace detail
 
 }  // namespace gemma4rt::kernels

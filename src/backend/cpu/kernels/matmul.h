@@ -289,6 +289,13 @@ struct GateUpOperands {
 void matmul_f32_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_bf16_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_q8_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
+// Scratch of the calling thread for the prefill kernels' packed panels and widened activations: one
+// buffer per slot (0, 1), 4 KiB aligned, at least `bytes` long, grown as needed and kept. Throws
+// std::bad_alloc.
+void* thread_scratch(int slot, size_t bytes);
+// Prefill on AVX2 (tokens above the steps' 16): bf16 weight rows widened into fp32 panels, output rows
+// in the lanes (prefill_panels_avx2.cc).
+void prefill_bf16_panels_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_f32_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_bf16_avx512(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);
 void matmul_bf16_avx512bf16(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);

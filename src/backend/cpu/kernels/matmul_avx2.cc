@@ -60,7 +60,8 @@ struct F32Fma {
   static __m256 madd(__m256 acc, XVec x, WVec w) { return _mm256_fmadd_ps(x, w, acc); }
 };
 
-// bf16 widened to fp32: even elements by a 16-bit left shift, odd ones by masking the low half.
+// bf16 widened to fp32: even elements by a 16-bit left shift, odd ones by masking the low half. Steps
+// only: prompts take prefill_bf16_panels_avx2, which widens each weight once per call.
 struct Bf16Widen {
   static constexpr int kStep = 16, kTokens = 2, kRows = 3;
   static constexpr int64_t kWeightBits = 16;
@@ -87,17 +88,9 @@ struct Bf16Widen {
   static XVec load_x(const Token& token, int64_t k) {
     return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(token.values + k)));
   }
-  static __m256 madd(__m256 acc, XVec x, WVec w) {
-    return _mm256_fmadd_ps(x.odd, w.odd, _mm256_fmadd_ps(x.even, w.even, acc));
-  }
-};
-
-// The same for steps of up to kStepMaxTokens tokens, which go row by row with at most four tokens'
-// sums at once: there two chained FMAs a step made each sum wait on the FMA latency (8 cycles a step;
-// one token 13.4 GB/s a thread on Zen 3), so the sum waits on one addition instead (15.3 GB/s). Prompt
-// tiles keep the chain: with 6 sums in flight and the widening beside them, the extra addition made a
-// 64-token bf16 prompt 10% slower.
-struct Bf16WidenSteps : Bf16Widen {
+  // Steps go row by row with at most four tokens' sums at once, where two chained FMAs a k-step held
+  // each sum to the FMA latency (8 cycles a step; one token 13.4 GB/s a thread on Zen 3): the sum
+  // waits on one addition instead (15.3 GB/s).
   static __m256 madd(__m256 acc, XVec x, WVec w) {
     return _mm256_add_ps(acc, _mm256_fmadd_ps(x.even, w.even, _mm256_mul_ps(x.odd, w.odd)));
   }
@@ -355,8 +348,8 @@ void matmul_f32_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t 
 }
 
 void matmul_bf16_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end) {
-  if (operands.tokens <= kStepMaxTokens) return run<Bf16WidenSteps>(operands, row_begin, row_end);
-  run<Bf16Widen>(operands, row_begin, row_end);
+  if (operands.tokens <= kStepMaxTokens) return run<Bf16Widen>(operands, row_begin, row_end);
+  prefill_bf16_panels_avx2(operands, row_begin, row_end);
 }
 
 void matmul_q8_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end) {

@@ -28,10 +28,7 @@
 // the next 16 rows while it transposes the current ones.
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <new>
 
 #include "backend/cpu/kernels/math_avx512.h"  // <immintrin.h>, with GCC 12's false warnings silenced
 #include "backend/cpu/kernels/matmul.h"
@@ -57,22 +54,6 @@ constexpr int64_t kStretchPairs = 1024;
 constexpr int64_t kGatedStretchPairs = 3072;
 
 inline int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
-
-// A buffer per thread for the packed block, grown as needed and kept.
-struct FreeDeleter {
-  void operator()(void* pointer) const { std::free(pointer); }
-};
-uint32_t* panel_buffer(size_t bytes) {
-  thread_local std::unique_ptr<uint32_t, FreeDeleter> buffer;
-  thread_local size_t capacity = 0;
-  if (bytes > capacity) {
-    const size_t rounded = (bytes + 4095) / 4096 * 4096;
-    buffer.reset(static_cast<uint32_t*>(std::aligned_alloc(4096, rounded)));
-    if (!buffer) throw std::bad_alloc();
-    capacity = rounded;
-  }
-  return buffer.get();
-}
 
 // Transposes 16 vectors of 16 u32 in place: afterwards rows[j] holds element j of every input.
 inline void transpose16(__m512i (&rows)[16]) {
@@ -252,7 +233,7 @@ void sweep_panels(const uint16_t* x, int64_t x_stride, int64_t tokens, int64_t c
   const int64_t panel_bytes = stretch_pairs * kPanelRows * 4;
   const int64_t block_panels = kBlockBytes / panel_bytes > 1 ? kBlockBytes / panel_bytes : 1;
   const int64_t block_rows = block_panels * source.per_panel();
-  uint32_t* packed = panel_buffer(static_cast<size_t>(block_panels * panel_bytes));
+  auto* packed = static_cast<uint32_t*>(thread_scratch(0, static_cast<size_t>(block_panels * panel_bytes)));
   // Token tiles of equal size (512 tokens: 82 of 6 and 4 of 5), none left with a token or two.
   const int64_t tiles = (tokens + kTileTokens - 1) / kTileTokens;
   for (int64_t block = row_begin; block < row_end; block += block_rows) {
