@@ -2,9 +2,10 @@
 // and intrinsics inside an anonymous namespace, so no inline or template function shared with other
 // translation units is ever compiled for AVX2. Exported functions are declared in matmul.h (detail).
 //
-// Same structure as matmul_avx512.cc: register tiles of (tokens x weight rows) dot products over the
-// full K, each in its own 8-lane fp32 accumulator, reduced by one fixed tree (reduce4), inside a
-// cache-blocked loop over rows.
+// Register tiles of (tokens x weight rows) dot products over the full K, each in its own 8-lane fp32
+// accumulator (bf16: two), reduced by one fixed tree (reduce4). Steps of up to 16 tokens go row by
+// row (run); q8, q4 and f32 prompts take the tiles inside a cache-blocked loop over rows, bf16 prompts
+// the fp32 panels of prefill_panels_avx2.cc.
 #include <immintrin.h>
 
 #include <cstdint>
