@@ -13,6 +13,9 @@
 //                              layer's weights. Counters: GB/s of weight bytes read, % of the probe with
 //                              the same thread count (run right after the case), tok/s if this matmul
 //                              were the whole step.
+//   LongRows/<whole|chunks>/bf16/<isa>/1536x12288/tokens:1/threads:N
+//                              one token's long rows read whole or in K chunks (which is faster
+//                              depends on the host; the engine measures both and keeps the faster).
 //   Prefill/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
 //                              compute-bound; GFLOP/s counts 2 * tokens * rows * cols.
 //   Warm/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
@@ -330,6 +333,7 @@ struct MatmulCase {
   int threads;
   bool decode;
   QuantLayout layout = QuantLayout::kSuperblocks;  // q8, q4: panels are what load gives the AVX-512 kernels
+  detail::LongRowReading reading = detail::LongRowReading::kMeasure;  // one token's long rows
 };
 
 // Panels are the AVX-512 kernels' layout; below that, load keeps q8 and q4 in superblocks and a panel
@@ -362,6 +366,7 @@ void RunMatmul(benchmark::State& state, MatmulCase c) {
   if (c.isa > detected_isa()) return state.SkipWithError("this CPU cannot run that instruction set");
   const Isa saved = active_isa();
   set_active_isa(c.isa);
+  detail::set_long_row_reading(c.reading);
   const WeightSet& set = weights(c.format, c.rows, c.cols, c.decode, c.layout);
   const std::vector<float> x = random_activations(c.tokens, c.cols);
   PreparedActivations prepared;
@@ -376,6 +381,7 @@ void RunMatmul(benchmark::State& state, MatmulCase c) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   set_active_isa(saved);
+  detail::set_long_row_reading(detail::LongRowReading::kMeasure);
   const double flops = 2.0 * c.tokens * c.rows * c.cols;
   state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   if (c.decode) {
@@ -524,6 +530,13 @@ const bool kRegistered = [] {
           }
         }
       }
+    }
+    // One token's long rows both ways (detail::long_row_reading; the engine times them and keeps the
+    // faster).
+    for (const auto& [label, reading] : {std::pair{"whole", detail::LongRowReading::kWhole}, std::pair{"chunks", detail::LongRowReading::kChunks}}) {
+      MatmulCase c{WeightFormat::kBF16, detected_isa(), 1536, 12288, 1, threads, true};
+      c.reading = reading;
+      add_matmul((std::string("LongRows/") + label).c_str(), c);
     }
     // Every path on one GEMV shape (bf16 is a different kernel at each AVX-512 level); the best
     // bf16, q8 and q4 paths ran above.

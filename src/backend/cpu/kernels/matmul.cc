@@ -1,6 +1,7 @@
 #include "backend/cpu/kernels/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -554,6 +555,14 @@ void* thread_scratch(int slot, size_t bytes) {
   }
   return buffers[slot].get();
 }
+
+namespace {
+std::atomic<int> long_row_reading_value{static_cast<int>(LongRowReading::kMeasure)};
+}  // namespace
+
+void set_long_row_reading(LongRowReading reading) { long_row_reading_value.store(static_cast<int>(reading), std::memory_order_relaxed); }
+
+LongRowReading long_row_reading() { return static_cast<LongRowReading>(long_row_reading_value.load(std::memory_order_relaxed)); }
 
 }  // namespace detail
 

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "backend/cpu/kernels/math_avx512.h"  // <immintrin.h>, with GCC 12's false warnings silenced
+#include <x86intrin.h>                        // __rdtsc (after the line above: it includes <immintrin.h>)
 #include "backend/cpu/kernels/matmul.h"
 
 namespace gemma4rt::kernels::detail {
@@ -559,11 +560,13 @@ int64_t decode_chunk(const MatmulOperands& op) {
   return values_within<P>(op, chunk_bytes, 2 * P::kStep);
 }
 
-// Values of K per chunk of one token's float rows: all of it while its activations take at most half of
-// L1, else the fewest equal chunks that do. Beside the weight stream, a whole row of bf16 activations
-// of 24 KiB (K = 12,288) did not stay in L1: one thread streamed 1536 x 12288 at 17-19 GB/s whole and
-// at 20.5-23 GB/s in two chunks of 12 KiB (three of 8 KiB: 21-22); 1536 x 6144 (12 KiB) whole at 29
-// GB/s, but 47-70% slower cut into chunks of 2-8 KiB. Superblock formats keep decode_chunk.
+// Values of K per chunk of one token's float rows read in chunks: all of it while its activations take
+// at most half of a 32 KiB L1, else the fewest equal chunks that do. On a Zen 4 and on one Zen 5 VM a
+// whole row of bf16 activations of 24 KiB (K = 12,288) did not stay in L1 beside the weight stream:
+// one thread streamed 1536 x 12288 at 17-19 GB/s whole and at 20.5-23 GB/s in two chunks of 12 KiB
+// (three of 8 KiB: 21-22); on another Zen 5 VM whole rows were the faster (1,058-1,188 us against
+// 1,280-1,386 in two chunks; docs/benchmarks.md), hence LongRowTrials. 1536 x 6144 (12 KiB) whole at
+// 29 GB/s, but 47-70% slower cut into chunks of 2-8 KiB. Superblock formats keep decode_chunk.
 template <class P>
 int64_t one_token_chunk(const MatmulOperands& op) {
   if constexpr (P::kStep == kQ4SuperblockValues) return decode_chunk<P>(op);
@@ -571,6 +574,31 @@ int64_t one_token_chunk(const MatmulOperands& op) {
   if (bytes <= kDecodeChunkBytes) return op.cols;
   const int64_t chunks = (bytes + kDecodeChunkBytes - 1) / kDecodeChunkBytes, unit = 2 * P::kStep;
   return ((op.cols + chunks - 1) / chunks + unit - 1) / unit * unit;
+}
+
+// Which way one token's long rows are read (long_row_reading), per thread and weight format: until
+// each way has had kCallsPerWay calls they take turns call by call (so a drift of the memory's speed
+// meets both alike), timed in TSC cycles per weight byte; then the faster is kept.
+struct LongRowTrials {
+  static constexpr int64_t kCallsPerWay = 64;
+  double cycles[2] = {};
+  double bytes[2] = {};
+  int64_t calls = 0;
+  int chosen = -1;  // 0: whole rows, 1: chunks
+
+  bool measuring() const { return chosen < 0; }
+  int next() const { return measuring() ? static_cast<int>(calls % 2) : chosen; }
+  void record(int way, uint64_t spent, int64_t read) {
+    cycles[way] += static_cast<double>(spent);
+    bytes[way] += static_cast<double>(read);
+    if (++calls == 2 * kCallsPerWay) chosen = cycles[0] / bytes[0] <= cycles[1] / bytes[1] ? 0 : 1;
+  }
+};
+
+template <class P>
+LongRowTrials& long_row_trials() {
+  thread_local LongRowTrials trials;
+  return trials;
 }
 
 // Values of K per chunk of a step of several tokens. bf16 tiles on vdpbf16ps take the whole of K, the
@@ -632,18 +660,15 @@ constexpr int64_t kSegmentPrefetchBytes = 2048;
 // weights took 9-24% less time than with GCC's choices before (q8 23 -> 20.5, q4 16 -> 12.2, bf16 54 ->
 // 49 cycles per 512 values); on cold weights equal or 1-5% less in ten of ten pairs.
 template <class P>
-[[gnu::flatten]] void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
-  if constexpr (std::is_same_v<P, Q8Vnni>) {
-    if (segmented<P>(op)) return decode_segments(op, row_begin, row_end);
-  }
-  const int64_t chunk = one_token_chunk<P>(op);
-  if (chunk == op.cols) {
-    const KRange whole{0, op.cols, nullptr, P::kWeightBits == 4 ? kQ4PrefetchBytes : kPrefetchBytes};
-    for (int64_t r = row_begin; r < row_end; ++r) tile<P, 1, 1>(op, 0, r, 1, whole);
-    return;
-  }
-  // Long rows: the weights are read in segments of `chunk` values, row after row within a block, then
-  // the next chunk. Each segment prefetches the one read after it, at the same offset.
+[[gnu::flatten]] void decode_whole_rows(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  const KRange whole{0, op.cols, nullptr, P::kWeightBits == 4 ? kQ4PrefetchBytes : kPrefetchBytes};
+  for (int64_t r = row_begin; r < row_end; ++r) tile<P, 1, 1>(op, 0, r, 1, whole);
+}
+
+// Long rows in chunks: the weights are read in segments of `chunk` values, row after row within a
+// block, then the next chunk. Each segment prefetches the one read after it, at the same offset.
+template <class P>
+[[gnu::flatten]] void decode_row_chunks(const MatmulOperands& op, int64_t row_begin, int64_t row_end, int64_t chunk) {
   alignas(64) __m512 carried[kDecodeBlockRows];  // each row's sums between chunks
   const int64_t row_bytes = weight_bytes_of<P>(op.cols);
   for (int64_t block = row_begin; block < row_end; block += kDecodeBlockRows) {
@@ -659,6 +684,29 @@ template <class P>
       }
     }
   }
+}
+
+template <class P>
+void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  if constexpr (std::is_same_v<P, Q8Vnni>) {
+    if (segmented<P>(op)) return decode_segments(op, row_begin, row_end);
+  }
+  const int64_t chunk = one_token_chunk<P>(op);
+  if (chunk == op.cols) return decode_whole_rows<P>(op, row_begin, row_end);
+  const LongRowReading reading = long_row_reading();
+  if (reading != LongRowReading::kMeasure) {
+    if (reading == LongRowReading::kWhole) return decode_whole_rows<P>(op, row_begin, row_end);
+    return decode_row_chunks<P>(op, row_begin, row_end, chunk);
+  }
+  LongRowTrials& trials = long_row_trials<P>();
+  const int way = trials.next();
+  const uint64_t start = trials.measuring() ? __rdtsc() : 0;
+  if (way == 0) {
+    decode_whole_rows<P>(op, row_begin, row_end);
+  } else {
+    decode_row_chunks<P>(op, row_begin, row_end, chunk);
+  }
+  if (trials.measuring()) trials.record(way, __rdtsc() - start, (row_end - row_begin) * weight_bytes_of<P>(op.cols));
 }
 
 // Steps of a policy's kNarrowBatchTokens tokens or fewer read the weights one row at a time (q8's long
