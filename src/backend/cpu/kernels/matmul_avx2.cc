@@ -71,7 +71,7 @@ struct F32Fma : OneSum {
 // bf16 widened to fp32: even elements by a 16-bit left shift, odd ones by masking the low half. Steps
 // only: prompts take prefill_bf16_panels_avx2, which widens each weight once per call.
 struct Bf16Widen {
-  static constexpr int kStep = 16, kTokens = 2, kRows = 3;
+  static constexpr int kStep = 16;
   static constexpr int64_t kWeightBits = 16;
   struct Row { const uint16_t* values; };
   struct Token { const uint16_t* values; };
@@ -337,16 +337,19 @@ constexpr int kDecodeTokens = 4;
 constexpr int kStepMaxTokens = 16;
 
 template <class P>
+void run_steps(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t t0 = 0; t0 < op.tokens; t0 += kDecodeTokens) {
+      tile_for_tokens<P, kDecodeTokens, 1>(smaller(kDecodeTokens, op.tokens - t0), op, t0, r, 1);
+    }
+  }
+}
+
+// Prompts: blocks of rows that stay in L2, each swept by tiles of P::kTokens tokens x P::kRows rows.
+template <class P>
 void run(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   if (row_begin >= row_end || op.tokens <= 0) return;
-  if (op.tokens <= kStepMaxTokens) {
-    for (int64_t r = row_begin; r < row_end; ++r) {
-      for (int64_t t0 = 0; t0 < op.tokens; t0 += kDecodeTokens) {
-        tile_for_tokens<P, kDecodeTokens, 1>(smaller(kDecodeTokens, op.tokens - t0), op, t0, r, 1);
-      }
-    }
-    return;
-  }
+  if (op.tokens <= kStepMaxTokens) return run_steps<P>(op, row_begin, row_end);
   const int64_t row_bytes = op.cols * P::kWeightBits / 8 + 64;
   int64_t block_rows = kWeightBlockBytes / row_bytes / P::kRows * P::kRows;
   if (block_rows < P::kRows) block_rows = P::kRows;
@@ -368,7 +371,7 @@ void matmul_f32_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t 
 }
 
 void matmul_bf16_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end) {
-  if (operands.tokens <= kStepMaxTokens) return run<Bf16Widen>(operands, row_begin, row_end);
+  if (operands.tokens <= kStepMaxTokens) return run_steps<Bf16Widen>(operands, row_begin, row_end);
   prefill_bf16_panels_avx2(operands, row_begin, row_end);
 }
 
