@@ -14,8 +14,11 @@
 //                              the same thread count (run right after the case), tok/s if this matmul
 //                              were the whole step.
 //   LongRows/<whole|chunks>/bf16/<isa>/1536x12288/tokens:1/threads:N
-//                              one token's long rows read whole or in K chunks (which is faster
-//                              depends on the host; the engine measures both and keeps the faster).
+//   OneTokenPrefetch/<none|ahead>/<q8|q4>-panels/<isa>/12288x1536/tokens:1/threads:N
+//                              the two ways of the kernels that have two (detail::kernel_way): one
+//                              token's long rows whole or in K chunks, one token's panels without or
+//                              with a software prefetch. Which is faster depends on the host; the
+//                              engine measures both and keeps the faster.
 //   Prefill/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
 //                              compute-bound; GFLOP/s counts 2 * tokens * rows * cols.
 //   Warm/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
@@ -333,7 +336,7 @@ struct MatmulCase {
   int threads;
   bool decode;
   QuantLayout layout = QuantLayout::kSuperblocks;  // q8, q4: panels are what load gives the AVX-512 kernels
-  detail::LongRowReading reading = detail::LongRowReading::kMeasure;  // one token's long rows
+  detail::KernelWay way = detail::KernelWay::kMeasure;  // kernels with two ways (LongRows, OneTokenPrefetch)
 };
 
 // Panels are the AVX-512 kernels' layout; below that, load keeps q8 and q4 in superblocks and a panel
@@ -366,7 +369,7 @@ void RunMatmul(benchmark::State& state, MatmulCase c) {
   if (c.isa > detected_isa()) return state.SkipWithError("this CPU cannot run that instruction set");
   const Isa saved = active_isa();
   set_active_isa(c.isa);
-  detail::set_long_row_reading(c.reading);
+  detail::set_kernel_way(c.way);
   const WeightSet& set = weights(c.format, c.rows, c.cols, c.decode, c.layout);
   const std::vector<float> x = random_activations(c.tokens, c.cols);
   PreparedActivations prepared;
@@ -381,7 +384,7 @@ void RunMatmul(benchmark::State& state, MatmulCase c) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   set_active_isa(saved);
-  detail::set_long_row_reading(detail::LongRowReading::kMeasure);
+  detail::set_kernel_way(detail::KernelWay::kMeasure);
   const double flops = 2.0 * c.tokens * c.rows * c.cols;
   state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   if (c.decode) {
@@ -531,12 +534,20 @@ const bool kRegistered = [] {
         }
       }
     }
-    // One token's long rows both ways (detail::long_row_reading; the engine times them and keeps the
-    // faster).
-    for (const auto& [label, reading] : {std::pair{"whole", detail::LongRowReading::kWhole}, std::pair{"chunks", detail::LongRowReading::kChunks}}) {
+    // The kernels with two ways (detail::kernel_way; the engine times both and keeps the faster):
+    // one token's long rows whole or in chunks, one token's q8/q4 panels without or with a prefetch.
+    for (const auto& [label, way] : {std::pair{"whole", detail::KernelWay::kFirst}, std::pair{"chunks", detail::KernelWay::kSecond}}) {
       MatmulCase c{WeightFormat::kBF16, detected_isa(), 1536, 12288, 1, threads, true};
-      c.reading = reading;
+      c.way = way;
       add_matmul((std::string("LongRows/") + label).c_str(), c);
+    }
+    for (const auto& [label, way] : {std::pair{"none", detail::KernelWay::kFirst}, std::pair{"ahead", detail::KernelWay::kSecond}}) {
+      for (WeightFormat format : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+        if (!has_panels(format)) continue;
+        MatmulCase c{format, detected_isa(), 12288, 1536, 1, threads, true, QuantLayout::kPanels};
+        c.way = way;
+        add_matmul((std::string("OneTokenPrefetch/") + label).c_str(), c);
+      }
     }
     // Every path on one GEMV shape (bf16 is a different kernel at each AVX-512 level); the best
     // bf16, q8 and q4 paths ran above.

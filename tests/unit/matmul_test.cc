@@ -429,34 +429,35 @@ TEST(Matmul, EachTokenOfABatchGetsTheBitsItGetsAlone) {
   }
 }
 
-// One token's long rows are read whole or in K chunks, whichever a thread measured faster
-// (detail::long_row_reading): the two must give the same bits, within the tolerance.
-TEST(Matmul, OneTokenLongRowsGiveTheSameBitsWholeAndInChunks) {
+// Kernels with two ways (detail::kernel_way: one token's long rows whole or in K chunks, one token's
+// q8/q4 panels without or with a prefetch) run whichever a thread measured faster: the two must give
+// the same bits, within the tolerance.
+TEST(Matmul, BothWaysOfATwoWayKernelGiveTheSameBits) {
   IsaGuard guard;
-  struct ReadingGuard {
-    ~ReadingGuard() { detail::set_long_row_reading(detail::LongRowReading::kMeasure); }
-  } reading_guard;
+  struct WayGuard {
+    ~WayGuard() { detail::set_kernel_way(detail::KernelWay::kMeasure); }
+  } way_guard;
   std::mt19937 rng(23);
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
     for (const WeightKind& kind : kKinds) {
       // Activations of 24 KiB and more: bf16 past 8,192 values, f32 past 4,096, q8 and q4 past 26,214.
-      for (const int64_t cols : {int64_t{6144 + 13}, int64_t{12288 + 5}, int64_t{32768 + 7}}) {
+      for (const int64_t cols : {int64_t{1536}, int64_t{6144 + 13}, int64_t{12288 + 5}, int64_t{32768 + 7}}) {
         SCOPED_TRACE(testing::Message() << isa_name(level) << " " << kind_name(kind) << " cols " << cols);
-        const int64_t rows = 21;
+        const int64_t rows = 37;
         const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, kind);
         const std::vector<float> x = random_floats(rng, static_cast<size_t>(cols));
         PreparedActivations prepared;
         prepared.prepare(x.data(), 1, cols, kind.format);
-        std::vector<float> whole(static_cast<size_t>(rows)), chunks(static_cast<size_t>(rows));
-        detail::set_long_row_reading(detail::LongRowReading::kWhole);
-        matmul(prepared, weights.matrix, whole.data(), rows, 0, rows);
-        detail::set_long_row_reading(detail::LongRowReading::kChunks);
-        matmul(prepared, weights.matrix, chunks.data(), rows, 3, rows);  // a range that starts inside a block
-        matmul(prepared, weights.matrix, chunks.data(), rows, 0, 3);
-        ASSERT_EQ(std::memcmp(whole.data(), chunks.data(), whole.size() * sizeof(float)), 0);
-        check_matmul(rng, 1, rows, cols, kind);  // and the chunks within the tolerance
-        detail::set_long_row_reading(detail::LongRowReading::kWhole);
+        std::vector<float> first(static_cast<size_t>(rows)), second(static_cast<size_t>(rows));
+        detail::set_kernel_way(detail::KernelWay::kFirst);
+        matmul(prepared, weights.matrix, first.data(), rows, 0, rows);
+        detail::set_kernel_way(detail::KernelWay::kSecond);
+        matmul(prepared, weights.matrix, second.data(), rows, 19, rows);  // ranges that start inside a block or panel
+        matmul(prepared, weights.matrix, second.data(), rows, 0, 19);
+        ASSERT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
+        check_matmul(rng, 1, rows, cols, kind);  // and the second way within the tolerance
+        detail::set_kernel_way(detail::KernelWay::kFirst);
         check_matmul(rng, 1, rows, cols, kind);
         if (HasFatalFailure()) return;
       }

@@ -557,12 +557,12 @@ void* thread_scratch(int slot, size_t bytes) {
 }
 
 namespace {
-std::atomic<int> long_row_reading_value{static_cast<int>(LongRowReading::kMeasure)};
+std::atomic<int> kernel_way_value{static_cast<int>(KernelWay::kMeasure)};
 }  // namespace
 
-void set_long_row_reading(LongRowReading reading) { long_row_reading_value.store(static_cast<int>(reading), std::memory_order_relaxed); }
+void set_kernel_way(KernelWay way) { kernel_way_value.store(static_cast<int>(way), std::memory_order_relaxed); }
 
-LongRowReading long_row_reading() { return static_cast<LongRowReading>(long_row_reading_value.load(std::memory_order_relaxed)); }
+KernelWay kernel_way() { return static_cast<KernelWay>(kernel_way_value.load(std::memory_order_relaxed)); }
 
 }  // namespace detail
 

@@ -293,14 +293,16 @@ void matmul_q8_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t r
 // buffer per slot (0, 1), 4 KiB aligned, at least `bytes` long, grown as needed and kept. Throws
 // std::bad_alloc.
 void* thread_scratch(int slot, size_t bytes);
-// How one token's long float rows are read on AVX-512 (the activations more than half of a 32 KiB L1:
-// E2B's 1536 x 12288 bf16 down projections): whole rows, or K chunks with blocks of rows taking turns
-// per chunk. Which is faster depends on the host, so by default (kMeasure) each thread times both in
-// turn over its first calls and keeps the faster for the rest of the process. The two give the same
-// bits. Tests and the kernel bench fix one; process-wide.
-enum class LongRowReading { kMeasure, kWhole, kChunks };
-void set_long_row_reading(LongRowReading reading);
-LongRowReading long_row_reading();
+// Kernels that can run two ways giving the same bits, where which is faster depends on the host (two
+// Zen 5 VMs with the same caches measured them opposite ways): on AVX-512, one token's long float rows
+// (activations over 16 KiB: E2B's 1536 x 12288 bf16 down projections) whole (first) or in K chunks
+// with blocks of rows taking turns per chunk (second), and one token's q8/q4 panels without (first) or
+// with (second) a software prefetch kOneTokenPrefetchBytes ahead. By default (kMeasure) each thread
+// times both ways in turn over its first calls of each and keeps the faster (measured_choice.h). Tests
+// and the kernel bench force one; process-wide.
+enum class KernelWay { kMeasure, kFirst, kSecond };
+void set_kernel_way(KernelWay way);
+KernelWay kernel_way();
 // Prefill on AVX2 (tokens above the steps' 16): bf16 weight rows widened into fp32 panels, output rows
 // in the lanes (prefill_panels_avx2.cc).
 void prefill_bf16_panels_avx2(const MatmulOperands& operands, int64_t row_begin, int64_t row_end);

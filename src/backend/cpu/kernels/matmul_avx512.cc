@@ -19,8 +19,8 @@
 #include <type_traits>
 
 #include "backend/cpu/kernels/math_avx512.h"  // <immintrin.h>, with GCC 12's false warnings silenced
-#include <x86intrin.h>                        // __rdtsc (after the line above: it includes <immintrin.h>)
 #include "backend/cpu/kernels/matmul.h"
+#include "backend/cpu/kernels/measured_choice.h"
 
 namespace gemma4rt::kernels::detail {
 namespace {
@@ -565,7 +565,7 @@ int64_t decode_chunk(const MatmulOperands& op) {
 // whole row of bf16 activations of 24 KiB (K = 12,288) did not stay in L1 beside the weight stream:
 // one thread streamed 1536 x 12288 at 17-19 GB/s whole and at 20.5-23 GB/s in two chunks of 12 KiB
 // (three of 8 KiB: 21-22); on another Zen 5 VM whole rows were the faster (1,058-1,188 us against
-// 1,280-1,386 in two chunks; docs/benchmarks.md), hence LongRowTrials. 1536 x 6144 (12 KiB) whole at
+// 1,280-1,386 in two chunks; docs/benchmarks.md), hence the measured choice in run_decode. 1536 x 6144 (12 KiB) whole at
 // 29 GB/s, but 47-70% slower cut into chunks of 2-8 KiB. Superblock formats keep decode_chunk.
 template <class P>
 int64_t one_token_chunk(const MatmulOperands& op) {
@@ -574,31 +574,6 @@ int64_t one_token_chunk(const MatmulOperands& op) {
   if (bytes <= kDecodeChunkBytes) return op.cols;
   const int64_t chunks = (bytes + kDecodeChunkBytes - 1) / kDecodeChunkBytes, unit = 2 * P::kStep;
   return ((op.cols + chunks - 1) / chunks + unit - 1) / unit * unit;
-}
-
-// Which way one token's long rows are read (long_row_reading), per thread and weight format: until
-// each way has had kCallsPerWay calls they take turns call by call (so a drift of the memory's speed
-// meets both alike), timed in TSC cycles per weight byte; then the faster is kept.
-struct LongRowTrials {
-  static constexpr int64_t kCallsPerWay = 64;
-  double cycles[2] = {};
-  double bytes[2] = {};
-  int64_t calls = 0;
-  int chosen = -1;  // 0: whole rows, 1: chunks
-
-  bool measuring() const { return chosen < 0; }
-  int next() const { return measuring() ? static_cast<int>(calls % 2) : chosen; }
-  void record(int way, uint64_t spent, int64_t read) {
-    cycles[way] += static_cast<double>(spent);
-    bytes[way] += static_cast<double>(read);
-    if (++calls == 2 * kCallsPerWay) chosen = cycles[0] / bytes[0] <= cycles[1] / bytes[1] ? 0 : 1;
-  }
-};
-
-template <class P>
-LongRowTrials& long_row_trials() {
-  thread_local LongRowTrials trials;
-  return trials;
 }
 
 // Values of K per chunk of a step of several tokens. bf16 tiles on vdpbf16ps take the whole of K, the
@@ -693,20 +668,10 @@ void run_decode(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   }
   const int64_t chunk = one_token_chunk<P>(op);
   if (chunk == op.cols) return decode_whole_rows<P>(op, row_begin, row_end);
-  const LongRowReading reading = long_row_reading();
-  if (reading != LongRowReading::kMeasure) {
-    if (reading == LongRowReading::kWhole) return decode_whole_rows<P>(op, row_begin, row_end);
-    return decode_row_chunks<P>(op, row_begin, row_end, chunk);
-  }
-  LongRowTrials& trials = long_row_trials<P>();
-  const int way = trials.next();
-  const uint64_t start = trials.measuring() ? __rdtsc() : 0;
-  if (way == 0) {
-    decode_whole_rows<P>(op, row_begin, row_end);
-  } else {
+  measured_choice<P>().run((row_end - row_begin) * weight_bytes_of<P>(op.cols), [&](int way) {
+    if (way == 0) return decode_whole_rows<P>(op, row_begin, row_end);
     decode_row_chunks<P>(op, row_begin, row_end, chunk);
-  }
-  if (trials.measuring()) trials.record(way, __rdtsc() - start, (row_end - row_begin) * weight_bytes_of<P>(op.cols));
+  });
 }
 
 // Steps of a policy's kNarrowBatchTokens tokens or fewer read the weights one row at a time (q8's long

@@ -23,6 +23,7 @@
 
 #include "backend/cpu/kernels/math_avx512.h"  // <immintrin.h>, with GCC 12's false warnings silenced
 #include "backend/cpu/kernels/matmul.h"
+#include "backend/cpu/kernels/measured_choice.h"
 
 namespace gemma4rt::kernels::detail {
 namespace {
@@ -80,10 +81,13 @@ struct Q4Panels {
 // times as long. With the scales in the panels (Zen 4, one thread, a step of 8, three rounds), q8 took
 // 1.10-1.12 ms at 4 KiB, 1.01-1.04 at 8 blocks (4.5 KiB) and 0.94-0.95 at 12-16 blocks, q4 0.88-0.96
 // whatever the distance. The lines go to L2 (T1), not L1 (T0): L1 tracks far fewer misses at once
-// (docs/benchmarks.md, "panel decode prefetches into L2"). One token's single stream needs none: the
-// hardware prefetchers keep up with it, and prefetching 4-16 KiB ahead made it 5-35% slower (1 KiB:
-// the same).
+// (docs/benchmarks.md, "panel decode prefetches into L2").
 constexpr int64_t kStepPrefetchBlocks = 16;
+// One token's single stream: on one Zen 5 VM the hardware prefetchers kept up with it, and prefetching
+// 4-16 KiB ahead made a product 5-35% slower on one thread (1 KiB: the same); on another, 4 KiB ahead
+// took a q4 token from 85-90% of the roofline to 91-95% (q8 the same; 8 KiB no better). So each thread
+// measures both (measured_choice.h) and keeps the faster.
+constexpr int64_t kOneTokenPrefetchBytes = 4096;
 // Panels per cache block in prefill: the block's weights stay in L2 while every token tile passes.
 constexpr int64_t kPrefillBlockBytes = 384 * 1024;
 constexpr int kPrefillTokens = 6, kPrefillPanels = 2, kStepTokens = 8;
@@ -236,7 +240,10 @@ void matmul_panels(const MatmulOperands& op, int64_t row_begin, int64_t row_end)
     // streams (q4 panels of K = 1,536) at 20-25 GB/s against 30-33 for one (ReadSideBySide in
     // gemma4rt_kernel_bench; docs/benchmarks.md).
     set_tokens(0, 1);
-    for (int64_t p = first_panel; p < end_panel; ++p) run_tile<Panels, 1, 1, 2>(op, w, tokens, 0, p, row_begin, row_end, 0);
+    measured_choice<Panels>().run((end_panel - first_panel) * w.panel_bytes, [&](int way) {
+      const int64_t prefetch = way == 0 ? 0 : kOneTokenPrefetchBytes;
+      for (int64_t p = first_panel; p < end_panel; ++p) run_tile<Panels, 1, 1, 2>(op, w, tokens, 0, p, row_begin, row_end, prefetch);
+    });
     return;
   }
   if (op.tokens <= kBatchMaxTokens) {
