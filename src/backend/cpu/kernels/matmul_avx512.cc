@@ -564,9 +564,10 @@ int64_t decode_chunk(const MatmulOperands& op) {
 // at most half of a 32 KiB L1, else the fewest equal chunks that do. On a Zen 4 and on one Zen 5 VM a
 // whole row of bf16 activations of 24 KiB (K = 12,288) did not stay in L1 beside the weight stream:
 // one thread streamed 1536 x 12288 at 17-19 GB/s whole and at 20.5-23 GB/s in two chunks of 12 KiB
-// (three of 8 KiB: 21-22); on another Zen 5 VM whole rows were the faster (1,058-1,188 us against
-// 1,280-1,386 in two chunks; docs/benchmarks.md), hence the measured choice in run_decode. 1536 x 6144 (12 KiB) whole at
-// 29 GB/s, but 47-70% slower cut into chunks of 2-8 KiB. Superblock formats keep decode_chunk.
+// (three of 8 KiB: 21-22); on another Zen 5 VM whole rows were the faster (1,058-1,248 us against
+// 1,286-1,341 in two chunks; docs/benchmarks.md), hence the measured choice in run_decode. 1536 x 6144
+// (12 KiB) whole at 29 GB/s, but 47-70% slower cut into chunks of 2-8 KiB. Superblock formats keep
+// decode_chunk.
 template <class P>
 int64_t one_token_chunk(const MatmulOperands& op) {
   if constexpr (P::kStep == kQ4SuperblockValues) return decode_chunk<P>(op);
