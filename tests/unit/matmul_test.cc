@@ -441,7 +441,9 @@ TEST(Matmul, BothWaysOfATwoWayKernelGiveTheSameBits) {
   for (Isa level : runnable_levels()) {
     set_active_isa(level);
     for (const WeightKind& kind : kKinds) {
-      // Activations of 24 KiB and more: bf16 past 8,192 values, f32 past 4,096, q8 and q4 past 26,214.
+      // 1,536: one token's panels (q8, q4); long rows, cut into chunks in the second way, once the
+      // activations pass 16 KiB (bf16 past 8,192 values, f32 past 4,096) or, in superblocks, 32 KiB
+      // (q8 and q4 past 26,214).
       for (const int64_t cols : {int64_t{1536}, int64_t{6144 + 13}, int64_t{12288 + 5}, int64_t{32768 + 7}}) {
         SCOPED_TRACE(testing::Message() << isa_name(level) << " " << kind_name(kind) << " cols " << cols);
         const int64_t rows = 37;
