@@ -28,6 +28,9 @@
 //                              the Decode product for one token and for T in turn, call by call, so both
 //                              see the same bandwidth: step_ratio (T tokens' time over one's) and speedup
 //                              (T / step_ratio), the figures behind "8 streams >= 6x one".
+//   WayCost/<q8|q4>-panels/<isa>/<rows>x<cols>/tokens:T/threads:N
+//                              a step's panels prefetching into L2 (the first way) and into L1 (the
+//                              second), in turn as in BatchCost: second_over_first, the time ratio.
 //   GatedFeedForward/<fused|unfused>/<width>x<hidden>/tokens:T/threads:N
 //                              a bf16 prompt's gate and up products into down_proj's prepared input:
 //                              GELU x up in the prefill tiles (kernels::gelu_gate_up), or the two
@@ -396,11 +399,35 @@ void RunMatmul(benchmark::State& state, MatmulCase c) {
   }
 }
 
-// A step of T sequences against one sequence's, on the same weight, call by call: each iteration runs
-// the product for one token, then for T (each on the next cold copy), and the two times are summed
-// apart. Memory bandwidth on this kind of host drifts by half within a minute, so two separate
-// Decode cases can land in different phases; interleaved, both see the same drift and their ratio
-// holds. Counters: step_ratio (time for T tokens over time for one) and speedup (T / step_ratio: the
+// Two runs of the product on one weight, call by call, each call on the next cold copy: their total
+// times. Memory bandwidth on this kind of host drifts by half within a minute, so two separate Decode
+// cases can land in different phases; interleaved, both see the same drift and their ratio holds.
+struct ProductRun {
+  const MatmulCase* operands;
+  const PreparedActivations* prepared;
+  detail::KernelWay way;
+};
+std::pair<double, double> time_in_turn(benchmark::State& state, const WeightSet& set, const ProductRun& a, const ProductRun& b,
+                                       float* y) {
+  size_t copy = 0;
+  double seconds[2] = {0.0, 0.0};
+  for (auto _ : state) {
+    for (int run = 0; run < 2; ++run) {
+      const ProductRun& product = run == 0 ? a : b;
+      detail::set_kernel_way(product.way);
+      const auto start = std::chrono::steady_clock::now();
+      run_product(*product.operands, *product.prepared, set.copies[copy], y);
+      seconds[run] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      copy = copy + 1 == set.copies.size() ? 0 : copy + 1;
+    }
+    benchmark::DoNotOptimize(y);
+  }
+  detail::set_kernel_way(detail::KernelWay::kMeasure);
+  return {seconds[0], seconds[1]};
+}
+
+// A step of T sequences against one sequence's, on the same weight, in turn (time_in_turn).
+// Counters: step_ratio (time for T tokens over time for one) and speedup (T / step_ratio: the
 // aggregate gain of T streams over one, were the whole step made of this product).
 void RunBatchCost(benchmark::State& state, MatmulCase c) {
   if (c.isa > detected_isa()) return state.SkipWithError("this CPU cannot run that instruction set");
@@ -414,21 +441,29 @@ void RunBatchCost(benchmark::State& state, MatmulCase c) {
   single.prepare(x.data(), 1, c.cols, c.format);
   batch.prepare(x.data(), c.tokens, c.cols, c.format);
   std::vector<float> y(static_cast<size_t>(c.tokens * c.rows));
-  size_t copy = 0;
-  double single_seconds = 0.0, batch_seconds = 0.0;
-  for (auto _ : state) {
-    for (auto [operands, prepared, seconds] : {std::tuple{&one, &single, &single_seconds}, std::tuple{&c, &batch, &batch_seconds}}) {
-      const auto start = std::chrono::steady_clock::now();
-      run_product(*operands, *prepared, set.copies[copy], y.data());
-      *seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      copy = copy + 1 == set.copies.size() ? 0 : copy + 1;
-    }
-    benchmark::DoNotOptimize(y.data());
-  }
+  const auto [single_seconds, batch_seconds] = time_in_turn(state, set, {&one, &single, detail::KernelWay::kMeasure},
+                                                            {&c, &batch, detail::KernelWay::kMeasure}, y.data());
   set_active_isa(saved);
   const double ratio = batch_seconds / single_seconds;
   state.counters["step_ratio"] = ratio;
   state.counters["speedup"] = static_cast<double>(c.tokens) / ratio;
+}
+
+// The two ways of a kernel that has two (detail::kernel_way), in turn (time_in_turn): second_over_first
+// is the second way's time over the first's (below 1: the second is faster).
+void RunWayCost(benchmark::State& state, MatmulCase c) {
+  if (c.isa > detected_isa()) return state.SkipWithError("this CPU cannot run that instruction set");
+  const Isa saved = active_isa();
+  set_active_isa(c.isa);
+  const WeightSet& set = weights(c.format, c.rows, c.cols, true, c.layout);
+  const std::vector<float> x = random_activations(c.tokens, c.cols);
+  PreparedActivations prepared;
+  prepared.prepare(x.data(), c.tokens, c.cols, c.format);
+  std::vector<float> y(static_cast<size_t>(c.tokens * c.rows));
+  const auto [first_seconds, second_seconds] =
+      time_in_turn(state, set, {&c, &prepared, detail::KernelWay::kFirst}, {&c, &prepared, detail::KernelWay::kSecond}, y.data());
+  set_active_isa(saved);
+  state.counters["second_over_first"] = second_seconds / first_seconds;
 }
 
 void RunGatedFeedForward(benchmark::State& state, int64_t width, int64_t hidden, int64_t tokens, int threads, bool fused) {
@@ -566,6 +601,12 @@ const bool kRegistered = [] {
             const MatmulCase c{format, detected_isa(), shape.rows, shape.cols, tokens, threads, true, layout};
             benchmark::RegisterBenchmark(case_name("BatchCost", c).c_str(), RunBatchCost, c)->UseRealTime()->Unit(benchmark::kMicrosecond);
           }
+        }
+        // A step's panels prefetching into L2 (first way) or L1 (second).
+        if (!has_panels(format)) continue;
+        for (int64_t tokens : {4, 8}) {
+          const MatmulCase c{format, detected_isa(), shape.rows, shape.cols, tokens, threads, true, QuantLayout::kPanels};
+          benchmark::RegisterBenchmark(case_name("WayCost", c).c_str(), RunWayCost, c)->UseRealTime()->Unit(benchmark::kMicrosecond);
         }
       }
     }

@@ -430,8 +430,8 @@ TEST(Matmul, EachTokenOfABatchGetsTheBitsItGetsAlone) {
 }
 
 // Kernels with two ways (detail::kernel_way: one token's long rows whole or in K chunks, one token's
-// q8/q4 panels without or with a prefetch) run whichever a thread measured faster: the two must give
-// the same bits, within the tolerance.
+// q8/q4 panels without or with a prefetch, a step's panels prefetching into L2 or L1) run whichever a
+// thread measured faster: the two must give the same bits, within the tolerance.
 TEST(Matmul, BothWaysOfATwoWayKernelGiveTheSameBits) {
   IsaGuard guard;
   struct WayGuard {
@@ -443,25 +443,27 @@ TEST(Matmul, BothWaysOfATwoWayKernelGiveTheSameBits) {
     for (const WeightKind& kind : kKinds) {
       // 1,536: one token's panels (q8, q4); long rows, cut into chunks in the second way, once the
       // activations pass 16 KiB (bf16 past 8,192 values, f32 past 4,096) or, in superblocks, 32 KiB
-      // (q8 and q4 past 26,214).
+      // (q8 and q4 past 26,214). 11 tokens: a step's panels, a tile of 8 that prefetches and one of 3.
       for (const int64_t cols : {int64_t{1536}, int64_t{6144 + 13}, int64_t{12288 + 5}, int64_t{32768 + 7}}) {
-        SCOPED_TRACE(testing::Message() << isa_name(level) << " " << kind_name(kind) << " cols " << cols);
-        const int64_t rows = 37;
-        const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, kind);
-        const std::vector<float> x = random_floats(rng, static_cast<size_t>(cols));
-        PreparedActivations prepared;
-        prepared.prepare(x.data(), 1, cols, kind.format);
-        std::vector<float> first(static_cast<size_t>(rows)), second(static_cast<size_t>(rows));
-        detail::set_kernel_way(detail::KernelWay::kFirst);
-        matmul(prepared, weights.matrix, first.data(), rows, 0, rows);
-        detail::set_kernel_way(detail::KernelWay::kSecond);
-        matmul(prepared, weights.matrix, second.data(), rows, 19, rows);  // ranges that start inside a block or panel
-        matmul(prepared, weights.matrix, second.data(), rows, 0, 19);
-        ASSERT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
-        check_matmul(rng, 1, rows, cols, kind);  // and the second way within the tolerance
-        detail::set_kernel_way(detail::KernelWay::kFirst);
-        check_matmul(rng, 1, rows, cols, kind);
-        if (HasFatalFailure()) return;
+        for (const int64_t tokens : {int64_t{1}, int64_t{11}}) {
+          SCOPED_TRACE(testing::Message() << isa_name(level) << " " << kind_name(kind) << " cols " << cols << " tokens " << tokens);
+          const int64_t rows = 37;
+          const TestWeights weights = make_weights(random_floats(rng, static_cast<size_t>(rows * cols)), rows, cols, kind);
+          const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * cols));
+          PreparedActivations prepared;
+          prepared.prepare(x.data(), tokens, cols, kind.format);
+          std::vector<float> first(static_cast<size_t>(tokens * rows)), second(static_cast<size_t>(tokens * rows));
+          detail::set_kernel_way(detail::KernelWay::kFirst);
+          matmul(prepared, weights.matrix, first.data(), rows, 0, rows);
+          detail::set_kernel_way(detail::KernelWay::kSecond);
+          matmul(prepared, weights.matrix, second.data(), rows, 19, rows);  // ranges that start inside a block or panel
+          matmul(prepared, weights.matrix, second.data(), rows, 0, 19);
+          ASSERT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
+          check_matmul(rng, tokens, rows, cols, kind);  // and the second way within the tolerance
+          detail::set_kernel_way(detail::KernelWay::kFirst);
+          check_matmul(rng, tokens, rows, cols, kind);
+          if (HasFatalFailure()) return;
+        }
       }
     }
   }

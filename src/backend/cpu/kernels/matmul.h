@@ -296,8 +296,9 @@ void* thread_scratch(int slot, size_t bytes);
 // Kernels that can run two ways giving the same bits, where which is faster depends on the host (two
 // Zen 5 VMs with the same caches measured them opposite ways): on AVX-512, one token's long float rows
 // (activations over 16 KiB: E2B's 1536 x 12288 bf16 down projections) whole (first) or in K chunks
-// with blocks of rows taking turns per chunk (second), and one token's q8/q4 panels without (first) or
-// with (second) a software prefetch kOneTokenPrefetchBytes ahead. By default (kMeasure) each thread
+// with blocks of rows taking turns per chunk (second), one token's q8/q4 panels without (first) or
+// with (second) a software prefetch kOneTokenPrefetchBytes ahead, and a step's q8/q4 panels
+// prefetching into L2 (first) or L1 (second). By default (kMeasure) each thread
 // times both ways in turn over its first calls of each and keeps the faster (measured_choice.h). Tests
 // and the kernel bench force one; process-wide.
 enum class KernelWay { kMeasure, kFirst, kSecond };

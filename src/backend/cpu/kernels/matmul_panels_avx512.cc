@@ -80,8 +80,11 @@ struct Q4Panels {
 // the probe at 4 KiB against 42-77% without, and without it one thread's step of 8 still takes 1.5-1.9
 // times as long. With the scales in the panels (Zen 4, one thread, a step of 8, three rounds), q8 took
 // 1.10-1.12 ms at 4 KiB, 1.01-1.04 at 8 blocks (4.5 KiB) and 0.94-0.95 at 12-16 blocks, q4 0.88-0.96
-// whatever the distance. The lines go to L2 (T1), not L1 (T0): L1 tracks far fewer misses at once
-// (docs/benchmarks.md, "panel decode prefetches into L2").
+// whatever the distance. Where the lines go is measured (measured_choice.h): on the Zen 5 of
+// 2026-12-06, one token's panels prefetching into L1 (T0) ran 15-25% slower than into L2 (T1), L1
+// tracking far fewer misses at once (docs/benchmarks.md, "panel decode prefetches into L2"); on the
+// full-speed Zen 5, L1 took 8-21% off a q8 step of 4 or 8 (16 blocks stayed the best distance there,
+// against 32 and 64).
 constexpr int64_t kStepPrefetchBlocks = 16;
 // One token's single stream: on one Zen 5 VM the hardware prefetchers kept up with it, and prefetching
 // 4-16 KiB ahead made a product 5-35% slower on one thread (1 KiB: the same); on another, 4 KiB ahead
@@ -100,11 +103,21 @@ struct TokenOperands {
   const std::byte* superblocks;
 };
 
+// How far ahead of its weight loads a tile prefetches (0: not at all), and into which cache.
+struct Prefetch {
+  int64_t distance = 0;
+  bool into_l1 = false;
+};
+
 struct PanelOperands {
   const uint8_t* codes;  // panel 0's first byte (codes and scales)
   int64_t blocks;        // per row
   int64_t panel_bytes;   // q8_panel_stride / q4_panel_stride
 };
+
+// The measured choice of a step of several tokens, apart from one token's (tagged by Panels itself).
+template <typename Panels>
+struct StepOf {};
 
 inline int32_t load_int32(const void* address) {
   int32_t value;
@@ -115,7 +128,7 @@ inline int32_t load_int32(const void* address) {
 // sums[t][p] = the 16 rows of panel first_panel + p against token t, over all of K. CHAINS integer
 // chains per product (their sum is exact): one token's few products need two to hide vpdpbusd's latency.
 template <typename Panels, int MT, int NP, int CHAINS>
-inline void panel_tile(const PanelOperands& w, const TokenOperands* tokens, int64_t first_panel, int64_t prefetch,
+inline void panel_tile(const PanelOperands& w, const TokenOperands* tokens, int64_t first_panel, Prefetch prefetch,
                        __m512 (&sums)[MT][NP]) {
   static_assert(CHAINS == 1 || CHAINS == 2, "one or two chains");
   const uint8_t* panels[NP];
@@ -129,12 +142,17 @@ inline void panel_tile(const PanelOperands& w, const TokenOperands* tokens, int6
     const uint8_t* blocks[NP];
 #pragma GCC unroll 8
     for (int p = 0; p < NP; ++p) blocks[p] = Panels::block(panels[p], b);
-    if (prefetch != 0) {
+    if (prefetch.distance != 0) {
 #pragma GCC unroll 8
       for (int p = 0; p < NP; ++p) {
 #pragma GCC unroll 8
         for (int line = 0; line < (Panels::kStreamBytesPerBlock + 63) / 64; ++line) {
-          _mm_prefetch(reinterpret_cast<const char*>(blocks[p] + prefetch + 64 * line), _MM_HINT_T1);
+          const char* ahead = reinterpret_cast<const char*>(blocks[p] + prefetch.distance + 64 * line);
+          if (prefetch.into_l1) {
+            _mm_prefetch(ahead, _MM_HINT_T0);
+          } else {
+            _mm_prefetch(ahead, _MM_HINT_T1);
+          }
         }
       }
     }
@@ -182,7 +200,7 @@ inline void panel_tile(const PanelOperands& w, const TokenOperands* tokens, int6
 // Runs a tile and writes its outputs that fall in [row_begin, row_end).
 template <typename Panels, int MT, int NP, int CHAINS>
 inline void run_tile(const MatmulOperands& op, const PanelOperands& w, const TokenOperands* tokens, int64_t t0, int64_t first_panel,
-                     int64_t row_begin, int64_t row_end, int64_t prefetch) {
+                     int64_t row_begin, int64_t row_end, Prefetch prefetch) {
   __m512 sums[MT][NP];
   panel_tile<Panels, MT, NP, CHAINS>(w, tokens + t0, first_panel, prefetch, sums);
 #pragma GCC unroll 8
@@ -200,7 +218,7 @@ inline void run_tile(const MatmulOperands& op, const PanelOperands& w, const Tok
 // Tokens [t0, t0 + count) (count <= 8) against NP panels from first_panel.
 template <typename Panels, int NP>
 void run_tokens(const MatmulOperands& op, const PanelOperands& w, const TokenOperands* tokens, int64_t t0, int64_t count,
-                int64_t first_panel, int64_t row_begin, int64_t row_end, int64_t prefetch) {
+                int64_t first_panel, int64_t row_begin, int64_t row_end, Prefetch prefetch) {
   switch (count) {
     case 1: return run_tile<Panels, 1, NP, 2>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
     case 2: return run_tile<Panels, 2, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
@@ -241,19 +259,24 @@ void matmul_panels(const MatmulOperands& op, int64_t row_begin, int64_t row_end)
     // gemma4rt_kernel_bench; docs/benchmarks.md).
     set_tokens(0, 1);
     measured_choice<Panels>().run((end_panel - first_panel) * w.panel_bytes, [&](int way) {
-      const int64_t prefetch = way == 0 ? 0 : kOneTokenPrefetchBytes;
+      const Prefetch prefetch{way == 0 ? 0 : kOneTokenPrefetchBytes};
       for (int64_t p = first_panel; p < end_panel; ++p) run_tile<Panels, 1, 1, 2>(op, w, tokens, 0, p, row_begin, row_end, prefetch);
     });
     return;
   }
   if (op.tokens <= kBatchMaxTokens) {
+    // The first tile on a panel prefetches for the rest (into L2 or L1, whichever this thread measures
+    // faster); tiles of tokens 9-16 find the panel in cache.
     set_tokens(0, op.tokens);
-    for (int64_t p = first_panel; p < end_panel; ++p) {
-      for (int64_t t = 0; t < op.tokens; t += kStepTokens) {
-        run_tokens<Panels, 1>(op, w, tokens, t, op.tokens - t < kStepTokens ? op.tokens - t : kStepTokens, p, row_begin, row_end,
-                      t == 0 ? kStepPrefetchBlocks * Panels::kStreamBytesPerBlock : 0);
+    measured_choice<StepOf<Panels>>().run((end_panel - first_panel) * w.panel_bytes, [&](int way) {
+      const Prefetch ahead{kStepPrefetchBlocks * Panels::kStreamBytesPerBlock, way == 1};
+      for (int64_t p = first_panel; p < end_panel; ++p) {
+        for (int64_t t = 0; t < op.tokens; t += kStepTokens) {
+          run_tokens<Panels, 1>(op, w, tokens, t, op.tokens - t < kStepTokens ? op.tokens - t : kStepTokens, p, row_begin, row_end,
+                                t == 0 ? ahead : Prefetch{});
+        }
       }
-    }
+    });
     return;
   }
   // Prefill: blocks of panels that stay in L2, each passed by every token in tiles of 6 x 2 panels.
@@ -268,9 +291,9 @@ void matmul_panels(const MatmulOperands& op, int64_t row_begin, int64_t row_end)
         const int64_t count = batch - t < kPrefillTokens ? batch - t : kPrefillTokens;
         int64_t p = block;
         for (; p + kPrefillPanels <= block_end; p += kPrefillPanels) {
-          run_tokens<Panels, kPrefillPanels>(shifted, w, tokens, t, count, p, row_begin, row_end, 0);
+          run_tokens<Panels, kPrefillPanels>(shifted, w, tokens, t, count, p, row_begin, row_end, Prefetch{});
         }
-        if (p < block_end) run_tokens<Panels, 1>(shifted, w, tokens, t, count, p, row_begin, row_end, 0);
+        if (p < block_end) run_tokens<Panels, 1>(shifted, w, tokens, t, count, p, row_begin, row_end, Prefetch{});
       }
     }
   }
