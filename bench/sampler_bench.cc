@@ -1,6 +1,7 @@
 // Sampler microbenchmarks (Google Benchmark): one sampled token from a full Gemma-4 vocabulary
 // (262,144 logits, a peaked distribution: normal logits plus a few far above the rest), per filter.
-//   Sample/<filter>   ms per token; a decode step of E2B takes 40-90 ms on this machine.
+//   Sample/<filter>   ms per token; a decode step of E2B takes 40-90 ms on this machine. greedy: the
+//                     argmax alone (temperature 0), once per sequence of a step that returns logits.
 #include <cmath>
 #include <random>
 #include <vector>
@@ -29,6 +30,7 @@ void Sample(benchmark::State& state, SamplingOptions options) {
 
 const bool kRegistered = [] {
   const std::pair<const char*, SamplingOptions> cases[] = {
+      {"Sample/greedy", {}},
       {"Sample/temperature", {.temperature = 1.0f, .seed = 1}},
       {"Sample/top_p:0.95", {.temperature = 1.0f, .top_p = 0.95f, .seed = 1}},
       {"Sample/top_k:40", {.temperature = 1.0f, .top_k = 40, .seed = 1}},
