@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/batch_scheduler.h"
 #include "engine/generator.h"
 #include "engine/transformer.h"
 #include "backend/host/isa.h"
@@ -114,51 +115,38 @@ namespace {
 
 constexpr int kCoherenceMaxTokens = 40;
 
-// Greedy answers to `prompts` (input_ids each) decoded `slots` sequences at a time, as a server's
-// batch does: a group's prompts in one forward call (its rows of all of them), then one row per
-// unfinished sequence per step, each ending as generate() ends one (a stop token, kCoherenceMaxTokens,
-// the context). On lavapipe a step's fixed cost dominates, and this takes a few steps per group
-// instead of one per token of every prompt.
-std::vector<std::vector<int32_t>> answer_in_steps(Transformer& transformer, const nlohmann::json& prompts, const std::vector<int>& stop_ids) {
-  const int slots = transformer.sequences(), context = transformer.context_tokens();
+// Greedy answers to `prompts` (input_ids each) through the server's continuous batching
+// (BatchScheduler): one sequence per KV slot of the transformer, each ending as generate() ends one (a
+// stop token, included, or kCoherenceMaxTokens). On lavapipe a step's fixed cost dominates, and this
+// takes a few steps per batch instead of one per token of every prompt.
+std::vector<std::vector<int32_t>> answer_in_batches(Transformer& transformer, const nlohmann::json& prompts, const std::vector<int>& stop_ids) {
   std::vector<std::vector<int32_t>> answers(prompts.size());
-  for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(slots)) {
-    const size_t group = std::min(prompts.size() - first, static_cast<size_t>(slots));
-    std::vector<BatchRow> rows;
-    std::vector<int> logit_rows, position(group);
-    for (size_t i = 0; i < group; ++i) {
-      const auto input_ids = prompts[first + i]["input_ids"].get<std::vector<int32_t>>();
-      for (const int32_t token : input_ids) rows.push_back({static_cast<int32_t>(i), position[i]++, token});
-      logit_rows.push_back(static_cast<int>(rows.size()) - 1);
-    }
-    std::vector<size_t> open(group);  // prompts still answering, by index in the group
-    for (size_t i = 0; i < group; ++i) open[i] = i;
-    std::vector<int32_t> ids(group);
-    while (!open.empty()) {
-      transformer.forward_greedy(rows, logit_rows, ids.data());
-      std::vector<size_t> still_open;
-      rows.clear();
-      logit_rows.clear();
-      for (size_t j = 0; j < open.size(); ++j) {
-        const size_t i = open[j];
-        std::vector<int32_t>& answer = answers[first + i];
-        answer.push_back(ids[j]);
-        const bool stop = std::find(stop_ids.begin(), stop_ids.end(), ids[j]) != stop_ids.end();
-        if (stop || static_cast<int>(answer.size()) >= kCoherenceMaxTokens || position[i] >= context) continue;
-        rows.push_back({static_cast<int32_t>(i), position[i]++, ids[j]});
-        logit_rows.push_back(static_cast<int>(rows.size()) - 1);
-        still_open.push_back(i);
-      }
-      open = std::move(still_open);
-    }
+  BatchScheduler::Options options;
+  options.max_queue = static_cast<int>(prompts.size());
+  options.reuse_prefixes = false;  // every prompt computed from its first token, as generate() does
+  BatchScheduler scheduler(transformer, options);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SequenceRequest request;
+    request.prompt = prompts[i]["input_ids"].get<std::vector<int32_t>>();
+    request.max_tokens = kCoherenceMaxTokens;
+    request.stop_token_ids = stop_ids;
+    request.on_token = [&answers, i](const TokenEvent& event) {
+      answers[i].push_back(event.token);
+      return true;
+    };
+    request.on_finish = [&prompts, i](const std::string& reason, const std::string& error) {
+      EXPECT_TRUE(reason == "stop" || reason == "length") << prompts[i]["id"].get<std::string>() << ": " << reason << " " << error;
+    };
+    EXPECT_NE(scheduler.submit(std::move(request)), nullptr);
   }
+  scheduler.drain();
   return answers;
 }
 
 // The trained coherence models answer every listed prompt exactly in bf16, q8 and q4 too: HF computing in
 // bf16 does (models/README.md), so a fast path that does not is suspect whatever else it agrees with.
 // The cpu backend answers them one at a time through generate(); the Vulkan backend (lavapipe on CI
-// machines, where one prompt at a time took 13-43 s a model) in batched steps (answer_in_steps).
+// machines, where one prompt at a time took 13-43 s a model) 32 at a time (answer_in_batches).
 void expect_answers_every_prompt(const std::string& name, WeightFormat format, int tensor_parallel, const std::string& backend = "cpu") {
   const std::string directory = std::string(GEMMA4RT_MODELS) + "/" + name;
   auto model = Model::load(directory);
@@ -174,7 +162,7 @@ void expect_answers_every_prompt(const std::string& name, WeightFormat format, i
     options.device = testing::vulkan_test_device();
     options.sequences = 32;
     Transformer transformer(*model, options);
-    answers = answer_in_steps(transformer, prompts, model->config().eos_token_ids);
+    answers = answer_in_batches(transformer, prompts, model->config().eos_token_ids);
   } else {
     Transformer transformer(*model, options);
     GenerationOptions generation;
