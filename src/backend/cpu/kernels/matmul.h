@@ -298,9 +298,9 @@ void* thread_scratch(int slot, size_t bytes);
 // (activations over 16 KiB: E2B's 1536 x 12288 bf16 down projections) whole (first) or in K chunks
 // with blocks of rows taking turns per chunk (second), one token's q8/q4 panels without (first) or
 // with (second) a software prefetch kOneTokenPrefetchBytes ahead, and a step's q8/q4 panels
-// prefetching into L2 (first) or L1 (second). By default (kMeasure) each thread
-// times both ways in turn over its first calls of each and keeps the faster (measured_choice.h). Tests
-// and the kernel bench force one; process-wide.
+// prefetching into L2 (first) or L1 (second). By default (kMeasure) each thread times both ways in turn
+// over its first calls of each and keeps the faster (measured_choice.h). Tests and the kernel bench
+// force one; process-wide.
 enum class KernelWay { kMeasure, kFirst, kSecond };
 void set_kernel_way(KernelWay way);
 KernelWay kernel_way();

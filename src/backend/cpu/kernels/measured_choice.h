@@ -21,7 +21,7 @@ struct MeasuredChoice {
   int64_t calls = 0;
   int chosen = -1;
 
-  // Runs run_way(0) or run_way(1) for a call that reads `bytes` of weights.
+  // Runs run_way(0) or run_way(1) for a call that reads `call_bytes` of weights.
   template <class RunWay>
   void run(int64_t call_bytes, const RunWay& run_way) {
     const KernelWay forced = kernel_way();
