@@ -300,7 +300,7 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
           for (int64_t r = 0; r < rows; ++r) {
             for (int64_t b = 0; b < q8_blocks_per_row(cols); ++b) {
               const float value = 1e-3f * static_cast<float>(1 + next_random(seed) % 16);
-              std::memcpy(values.data() + q8_panel_scale_address(r, b, cols), &value, sizeof(value));
+              std::memcpy(values.data() + q8_panel_scale_address(r, b, rows, cols), &value, sizeof(value));
             }
           }
         }
@@ -317,7 +317,7 @@ const WeightSet& weights(WeightFormat format, int64_t rows, int64_t cols, bool c
           for (int64_t r = 0; r < rows; ++r) {
             for (int64_t b = 0; b < q4_blocks_per_row(cols); ++b) {
               const auto value = static_cast<uint16_t>(0x1400 + next_random(seed) % 1024);
-              std::memcpy(values.data() + q4_panel_scale_address(r, b, cols), &value, sizeof(value));
+              std::memcpy(values.data() + q4_panel_scale_address(r, b, rows, cols), &value, sizeof(value));
             }
           }
         }

@@ -772,6 +772,40 @@ TEST(Matmul, Q8PanelsAreTheDocumentedOnes) {
   }
 }
 
+// Long panels (more than 64 blocks) written out by hand: 80 rows of 3,112 values (98 blocks) are 5
+// panels of 56,448 bytes, in segments of 48 blocks (27,648 bytes) and a last one of 2 (1,152). Panels
+// 0-3 are a group: each one's first segment, one panel after another, then each one's second, then
+// each one's last. Panel 4 is a group of its own. Within a segment the bytes are as in a short panel.
+TEST(Matmul, LongQ8PanelsAreGroupedSegmentMajor) {
+  const int64_t rows = 80, cols = 3112, blocks = 98;
+  ASSERT_EQ(q8_blocks_per_row(cols), blocks);
+  ASSERT_EQ(q8_panel_bytes(rows, cols), 5 * 56448);
+  std::vector<int8_t> values(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) values[i] = static_cast<int8_t>((i * 7) % 255 - 127);
+  std::vector<float> scales(static_cast<size_t>(rows * blocks));
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<float>(i + 1);
+  std::vector<uint8_t> packed(5 * 56448, 7);
+  pack_q8_panels(values.data(), scales.data(), 0, 37, rows, cols, packed.data());  // in two calls, as load's tasks do it
+  pack_q8_panels(values.data() + 37 * cols, scales.data() + 37 * blocks, 37, rows - 37, rows, cols, packed.data());
+  auto address = [](int64_t panel, int64_t local) -> int64_t {  // local: the byte's place in a short panel
+    const int64_t group_start = panel < 4 ? 0 : 4 * 56448, members = panel < 4 ? 4 : 1, i = panel % 4;
+    const int64_t segment = local / 27648, length = segment < 2 ? 27648 : 1152;
+    return group_start + 27648 * segment * members + length * i + local % 27648;
+  };
+  EXPECT_EQ(packed[4 * 55296 + 1152 + 4 * 4 + 1], values[20 * cols + 3073] + 128);  // row 20, value 3,073 (block 96)
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < cols; ++k) {
+      const int64_t local = k / 32 * 576 + k % 32 / 4 * 64 + r % 16 * 4 + k % 4;
+      ASSERT_EQ(packed[address(r / 16, local)], values[r * cols + k] + 128) << "row " << r << " value " << k;
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      float scale;
+      std::memcpy(&scale, packed.data() + address(r / 16, b * 576 + 512 + r % 16 * 4), sizeof(scale));
+      ASSERT_EQ(scale, scales[r * blocks + b]) << "row " << r << " block " << b;
+    }
+  }
+}
+
 // q4 panels written out by hand: 18 rows of 40 values (two blocks, the second padded with q = 0) are two
 // panels of 16 rows. A panel's blocks go in pairs of 576 bytes: each block's 4 vectors (byte 64 c + 4 i + j
 // holds values 8 c + j, low nibble, and 8 c + 4 + j, high, of its row i, as q + 8), then the 16 rows'

@@ -9,13 +9,12 @@
 namespace gemma4rt::backend {
 namespace {
 
-// The threads' shares of a decode step's rows are multiples of this: a panel's rows, so weights in
-// panels (q8, q4 on AVX-512) are split into whole panels.
+// The threads' shares of a decode step's rows are multiples of this, or of what weights in panels (q8,
+// q4 on AVX-512) keep together: whole panels, whole groups of long ones (CpuBackend::rows_together).
 constexpr int64_t kMatmulRowsPerTask = kernels::kQuantPanelRows;
 // Decode steps (up to kernels::kBatchMaxTokens tokens) stream the weights: a thread steals the other's
 // rows in chunks of about this many weight bytes, a multiple of 48 rows (the superblock batch kernels
-// stage outputs 48 rows at a time) or, for weights in panels, of a panel's 16 rows (every tile takes
-// whole panels). 256 KiB rather than 64: one q4 or q8 token 1-4 points nearer the roofline on a Zen 5
+// stage outputs 48 rows at a time) or, for weights in panels, of the rows they keep together. 256 KiB rather than 64: one q4 or q8 token 1-4 points nearer the roofline on a Zen 5
 // (a quarter of the kernel calls; docs/benchmarks.md), bf16 and steps of 8 the same.
 constexpr int64_t kStealChunkBytes = 256 * 1024;
 constexpr int64_t kStealChunkRows = 48;
@@ -45,12 +44,16 @@ void CpuBackend::store_weight(int32_t id, const TensorView& view, WeightFormat f
 
 int64_t CpuBackend::steal_chunk_rows(const PreparedWeight& weight) {
   const int64_t row_bytes = std::max<int64_t>(1, static_cast<int64_t>(weight.read_bytes()) / std::max<int64_t>(1, weight.matrix.rows));
-  const int64_t multiple = in_panels(weight) ? kernels::kQuantPanelRows : kStealChunkRows;
+  const int64_t multiple = in_panels(weight) ? rows_together(weight) : kStealChunkRows;
   const int64_t rows = (kStealChunkBytes / row_bytes + multiple - 1) / multiple * multiple;
   return std::max(rows, multiple);
 }
 
 bool CpuBackend::in_panels(const PreparedWeight& weight) { return weight.matrix.layout == kernels::QuantLayout::kPanels; }
+
+int64_t CpuBackend::rows_together(const PreparedWeight& weight) {
+  return in_panels(weight) ? kernels::panel_rows_together(weight.matrix.cols) : kMatmulRowsPerTask;
+}
 
 bool CpuBackend::worth_threads(const kernels::WeightMatrix& matrix, int rows) {
   return matrix.rows * matrix.cols * rows >= kMinParallelMultiplyAdds;
@@ -102,7 +105,7 @@ void CpuBackend::run_products(const kernels::PreparedActivations& input, std::sp
   for (size_t i = 0; i < ids.size(); ++i) {
     const PreparedWeight& weight = weights_[static_cast<size_t>(ids[i])];
     const int64_t chunk = rows > kernels::kBatchMaxTokens ? weight.matrix.rows : steal_chunk_rows(weight);
-    steals_[i].reset(weight.matrix.rows, kMatmulRowsPerTask, chunk, pool().size());
+    steals_[i].reset(weight.matrix.rows, rows_together(weight), chunk, pool().size());
   }
   pool().run([&](int thread, int) {
     for (size_t i = 0; i < ids.size(); ++i) {

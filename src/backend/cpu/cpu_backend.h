@@ -60,6 +60,8 @@ class CpuBackend : public HostBackend {
   static int64_t steal_chunk_rows(const PreparedWeight& weight);
   // Whether `weight` is in the AVX-512 kernels' panels (q8, q4) of 16 rows, which tiles take whole.
   static bool in_panels(const PreparedWeight& weight);
+  // Rows a thread's share of a product of `weight` keeps together (a multiple of 16).
+  static int64_t rows_together(const PreparedWeight& weight);
 
   std::vector<PreparedWeight> weights_;
   kernels::PreparedActivations prepared_;

@@ -93,10 +93,10 @@ void matmul_q8_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_e
 void matmul_q8_panels_scalar(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
   const auto* w = static_cast<const uint8_t*>(op.w);
   matmul_blocks_scalar(
-      op, row_begin, row_end, [&](int64_t r, int64_t k) { return static_cast<int32_t>(w[q8_panel_address(r, k, op.cols)]) - 128; },
+      op, row_begin, row_end, [&](int64_t r, int64_t k) { return static_cast<int32_t>(w[q8_panel_address(r, k, op.rows, op.cols)]) - 128; },
       [&](int64_t r, int64_t b) {
         float scale;
-        std::memcpy(&scale, w + q8_panel_scale_address(r, b, op.cols), sizeof(scale));
+        std::memcpy(&scale, w + q8_panel_scale_address(r, b, op.rows, op.cols), sizeof(scale));
         return scale;
       });
 }
@@ -107,12 +107,12 @@ void matmul_q4_panels_scalar(const MatmulOperands& op, int64_t row_begin, int64_
   matmul_blocks_scalar(
       op, row_begin, row_end,
       [&](int64_t r, int64_t k) {
-        const Q4NibbleAt at = q4_panel_nibble_at(r, k, op.cols);
+        const Q4NibbleAt at = q4_panel_nibble_at(r, k, op.rows, op.cols);
         return static_cast<int32_t>(at.high ? w[at.byte] >> 4 : w[at.byte] & 0x0f) - 8;
       },
       [&](int64_t r, int64_t b) {
         uint16_t scale;
-        std::memcpy(&scale, w + q4_panel_scale_address(r, b, op.cols), sizeof(scale));
+        std::memcpy(&scale, w + q4_panel_scale_address(r, b, op.rows, op.cols), sizeof(scale));
         return f16_to_float(scale);
       });
 }
@@ -262,10 +262,10 @@ void pack_q8_panels(const int8_t* values, const float* block_scales, int64_t fir
     if (real) {
       for (int64_t k = 0; k < cols; ++k) codes[k] = static_cast<uint8_t>(values[(r - first_row) * cols + k] + 128);
     }
-    for (int64_t k = 0; k < padded_cols; k += 4) std::memcpy(packed + q8_panel_address(r, k, cols), codes.data() + k, 4);
+    for (int64_t k = 0; k < padded_cols; k += 4) std::memcpy(packed + q8_panel_address(r, k, rows, cols), codes.data() + k, 4);
     for (int64_t b = 0; b < blocks; ++b) {
       const float scale = real ? block_scales[(r - first_row) * blocks + b] : 0.0f;
-      std::memcpy(packed + q8_panel_scale_address(r, b, cols), &scale, sizeof(scale));
+      std::memcpy(packed + q8_panel_scale_address(r, b, rows, cols), &scale, sizeof(scale));
     }
   }
 }
@@ -284,12 +284,12 @@ void pack_q4_panels(const uint8_t* nibbles, const uint16_t* half_scales, int64_t
       std::fill(codes.begin(), codes.end(), uint8_t{8});  // padding rows: value 0
     }
     for (int64_t k = 0; k < paired_blocks * kQ4BlockValues; k += 8) {
-      uint8_t* bytes = packed + q4_panel_nibble_at(r, k, cols).byte;
+      uint8_t* bytes = packed + q4_panel_nibble_at(r, k, rows, cols).byte;
       for (int64_t j = 0; j < 4; ++j) bytes[j] = static_cast<uint8_t>(codes[k + j] | codes[k + 4 + j] << 4);
     }
     for (int64_t b = 0; b < paired_blocks; ++b) {
       const uint16_t scale = real && b < blocks ? half_scales[(r - first_row) * blocks + b] : 0;
-      std::memcpy(packed + q4_panel_scale_address(r, b, cols), &scale, sizeof(scale));
+      std::memcpy(packed + q4_panel_scale_address(r, b, rows, cols), &scale, sizeof(scale));
     }
   }
 }
@@ -499,6 +499,7 @@ void matmul(const PreparedActivations& x, const WeightMatrix& w, float* y, int64
   operands.w_scales = w.block_scales;
   operands.w_half_scales = w.half_scales;
   operands.cols = w.cols;
+  operands.rows = w.rows;
   operands.y = y;
   operands.y_stride = y_stride;
 

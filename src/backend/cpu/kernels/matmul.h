@@ -117,21 +117,59 @@ inline int64_t q4_panel_block_offset(int64_t block) { return block / 2 * kQ4Pane
 inline int64_t q4_panel_scale_offset(int64_t block) {
   return block / 2 * kQ4PanelPairBytes + kQuantPanelRows * kQ4BlockValues + block % 2 * kQuantPanelRows * 2;
 }
-// Where value k of row r lies, and where the scale of row r's block b does (a float / an f16).
-inline int64_t q8_panel_address(int64_t r, int64_t k, int64_t cols) {
-  return r / kQuantPanelRows * q8_panel_stride(cols) + q8_panel_block_offset(k / kQ8BlockValues) + k % kQ8BlockValues / 4 * 64 +
-         r % kQuantPanelRows * 4 + k % 4;
+// Long panels (K over kLongPanelValues) are stored in groups of kPanelGroup panels, each group
+// segment-major: the first kPanelSegmentBytes of each of its panels, panel after panel, then their next
+// ones, and so on (the last group may have fewer panels, a panel's last segment fewer blocks; within a
+// segment the bytes are as in a short panel). One token reads a group in that order, one stream front
+// to back, while the activations of a segment (1.5 KiB of int8 for q8, 3 KiB for q4) stay in L1 for
+// all the group's panels: a segment is small enough that the same activations come back within 27 KiB
+// of weights. With whole panels of K = 6,144 (104 KiB of q8 between two reads of the same activations)
+// they left L1 every panel, and such products read 10-20% slower than the same bytes at K = 1,536;
+// segments read in this order but left in place (runs of 26 KiB 104 KiB apart) were 11-24% slower
+// still (docs/benchmarks.md). K = 2,048 measured no better grouped, so it stays whole.
+constexpr int64_t kPanelSegmentBytes = 48 * kQ8PanelBlockBytes;  // 48 q8 blocks, 96 q4 blocks (whole pairs)
+constexpr int64_t kLongPanelValues = 2048;
+constexpr int64_t kPanelGroup = 4;
+static_assert(kPanelSegmentBytes % kQ4PanelPairBytes == 0, "a q4 pair never straddles two segments");
+inline bool long_panels(int64_t cols) { return cols > kLongPanelValues; }
+// Bytes of a panel's full segment: kPanelSegmentBytes of a long panel, else the whole panel.
+inline int64_t q8_panel_segment_bytes(int64_t cols) { return long_panels(cols) ? kPanelSegmentBytes : q8_panel_stride(cols); }
+inline int64_t q4_panel_segment_bytes(int64_t cols) { return long_panels(cols) ? kPanelSegmentBytes : q4_panel_stride(cols); }
+// Where byte `local` of panel `panel` (its offset in a panel of the order above: block after block)
+// lies among `panels` panels of `stride` bytes with full segments of `segment_bytes`. With one segment a
+// panel (segment_bytes = stride), panel * stride + local.
+inline int64_t panel_byte(int64_t panel, int64_t local, int64_t panels, int64_t stride, int64_t segment_bytes) {
+  const int64_t first = panel / kPanelGroup * kPanelGroup;
+  const int64_t members = panels - first < kPanelGroup ? panels - first : kPanelGroup;
+  const int64_t begin = local / segment_bytes * segment_bytes;
+  const int64_t length = stride - begin < segment_bytes ? stride - begin : segment_bytes;
+  return first * stride + begin * members + (panel - first) * length + (local - begin);
 }
-inline int64_t q8_panel_scale_address(int64_t r, int64_t block, int64_t cols) {
-  return r / kQuantPanelRows * q8_panel_stride(cols) + q8_panel_scale_offset(block) + r % kQuantPanelRows * 4;
+inline int64_t q8_panel_byte(int64_t r, int64_t local, int64_t rows, int64_t cols) {
+  return panel_byte(r / kQuantPanelRows, local, panel_count(rows), q8_panel_stride(cols), q8_panel_segment_bytes(cols));
 }
-inline Q4NibbleAt q4_panel_nibble_at(int64_t r, int64_t k, int64_t cols) {
-  return {r / kQuantPanelRows * q4_panel_stride(cols) + q4_panel_block_offset(k / kQ4BlockValues) + k % kQ4BlockValues / 8 * 64 +
-              r % kQuantPanelRows * 4 + k % 4,
+inline int64_t q4_panel_byte(int64_t r, int64_t local, int64_t rows, int64_t cols) {
+  return panel_byte(r / kQuantPanelRows, local, panel_count(rows), q4_panel_stride(cols), q4_panel_segment_bytes(cols));
+}
+// Rows that a thread's share of a product keeps together, so that it reads whole groups: a group's for
+// long panels, else a panel's.
+inline int64_t panel_rows_together(int64_t cols) { return long_panels(cols) ? kPanelGroup * kQuantPanelRows : kQuantPanelRows; }
+// Where value k of row r of a [rows][cols] weight lies, and where the scale of row r's block b does (a
+// float / an f16).
+inline int64_t q8_panel_address(int64_t r, int64_t k, int64_t rows, int64_t cols) {
+  return q8_panel_byte(r, q8_panel_block_offset(k / kQ8BlockValues) + k % kQ8BlockValues / 4 * 64 + r % kQuantPanelRows * 4 + k % 4,
+                       rows, cols);
+}
+inline int64_t q8_panel_scale_address(int64_t r, int64_t block, int64_t rows, int64_t cols) {
+  return q8_panel_byte(r, q8_panel_scale_offset(block) + r % kQuantPanelRows * 4, rows, cols);
+}
+inline Q4NibbleAt q4_panel_nibble_at(int64_t r, int64_t k, int64_t rows, int64_t cols) {
+  return {q4_panel_byte(r, q4_panel_block_offset(k / kQ4BlockValues) + k % kQ4BlockValues / 8 * 64 + r % kQuantPanelRows * 4 + k % 4,
+                        rows, cols),
           k % 8 >= 4};
 }
-inline int64_t q4_panel_scale_address(int64_t r, int64_t block, int64_t cols) {
-  return r / kQuantPanelRows * q4_panel_stride(cols) + q4_panel_scale_offset(block) + r % kQuantPanelRows * 2;
+inline int64_t q4_panel_scale_address(int64_t r, int64_t block, int64_t rows, int64_t cols) {
+  return q4_panel_byte(r, q4_panel_scale_offset(block) + r % kQuantPanelRows * 2, rows, cols);
 }
 // Pack rows [first_row, first_row + row_count) of a [rows][cols] matrix into panels (*_panel_bytes),
 // scales and padding included: q8 from row-major int8 values and their
@@ -266,6 +304,7 @@ struct MatmulOperands {
   const float* w_scales;        // q8: at q8_scale_index (panels hold their own)
   const uint16_t* w_half_scales;  // q4: f16 [rows][q4_blocks_per_row(cols)] (panels hold their own)
   int64_t cols;
+  int64_t rows;                 // the weight's (where its panels lie depends on their count)
   float* y;
   int64_t y_stride;
   int64_t y_first_row = 0;      // the weight row whose output is y[0] (a kernel may stage outputs in its own buffer)

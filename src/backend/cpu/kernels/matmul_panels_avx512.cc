@@ -14,9 +14,10 @@
 // computed in, so results are bitwise the same for a token alone or in a step of several, and for any
 // split of the rows.
 //
-// Tiles: one token takes one panel at a time, so a thread's rows are one stream front to back (panels
-// lie one after another); 2-16 tokens take up to 8 tokens x 1 panel; prefill takes 6 tokens x 2 panels
-// over blocks of panels that stay in L2.
+// Tiles: one token takes one panel at a time (one segment of one, for long panels) in the order the
+// panels lie, so a thread's rows are one stream front to back; 2-16 tokens take up to 8 tokens x 1
+// panel, in the same order; prefill takes 6 tokens x 2 panels, all of K, over blocks of panels that
+// stay in L2. A tile that covers one segment of a long panel goes on from the sums its outputs hold.
 
 #include <cstdint>
 #include <cstring>
@@ -35,6 +36,7 @@ struct Q8Panels {
   // Bytes of the stream per block: its 8 vectors and its scales.
   static constexpr int64_t kStreamBytesPerBlock = kQ8PanelBlockBytes;
   static int64_t panel_stride(int64_t cols) { return q8_panel_stride(cols); }
+  static int64_t segment_bytes(int64_t cols) { return q8_panel_segment_bytes(cols); }
   static const uint8_t* block(const uint8_t* panel, int64_t b) { return panel + q8_panel_block_offset(b); }
   // Operands v and v + 1 (v even) of the block at `block`. With kScaledSecond, a format may hand out
   // the second operand times 16 (q4: one instruction fewer per vector); its chain is then divided back.
@@ -51,6 +53,7 @@ struct Q4Panels {
   // Blocks in pairs: the two blocks' 4 vectors each, then their scales (576 bytes a pair).
   static constexpr int64_t kStreamBytesPerBlock = kQ4PanelPairBytes / 2;
   static int64_t panel_stride(int64_t cols) { return q4_panel_stride(cols); }
+  static int64_t segment_bytes(int64_t cols) { return q4_panel_segment_bytes(cols); }
   static const uint8_t* block(const uint8_t* panel, int64_t b) { return panel + q4_panel_block_offset(b); }
   // The high nibbles in place are 16 times the codes; a chain of only such products is a multiple of
   // 16, so an arithmetic shift divides it back exactly.
@@ -109,10 +112,18 @@ struct Prefetch {
   bool into_l1 = false;
 };
 
+// A weight's panels. Long ones lie in groups, segment-major (matmul.h); a short panel is one segment.
 struct PanelOperands {
-  const uint8_t* codes;  // panel 0's first byte (codes and scales)
-  int64_t blocks;        // per row
-  int64_t panel_bytes;   // q8_panel_stride / q4_panel_stride
+  const uint8_t* codes;    // the weight's first byte (codes and scales)
+  int64_t blocks;          // per row
+  int64_t panel_bytes;     // q8_panel_stride / q4_panel_stride
+  int64_t panels;          // panel_count(rows)
+  int64_t segment_blocks;  // blocks in kPanelSegmentBytes, or all of a short panel's
+  int64_t segment_bytes;   // q8_panel_segment_bytes / q4_panel_segment_bytes
+
+  int64_t segments() const { return (blocks + segment_blocks - 1) / segment_blocks; }
+  // The first byte of panel p's segment s; its blocks follow as within a short panel (Panels::block).
+  const uint8_t* run(int64_t p, int64_t s) const { return codes + panel_byte(p, s * segment_bytes, panels, panel_bytes, segment_bytes); }
 };
 
 // The measured choice of a step of several tokens, apart from one token's (tagged by Panels itself).
@@ -125,23 +136,17 @@ inline int32_t load_int32(const void* address) {
   return value;
 }
 
-// sums[t][p] = the 16 rows of panel first_panel + p against token t, over all of K. CHAINS integer
-// chains per product (their sum is exact): one token's few products need two to hide vpdpbusd's latency.
+// sums[t][p] += the 16 rows of panel p of the tile against token t over blocks [b0, b1) of K, one
+// segment, whose blocks in panel p begin at runs[p]. CHAINS integer chains per product (their sum is
+// exact): one token's few products need two to hide vpdpbusd's latency.
 template <typename Panels, int MT, int NP, int CHAINS>
-inline void panel_tile(const PanelOperands& w, const TokenOperands* tokens, int64_t first_panel, Prefetch prefetch,
+inline void panel_tile(const TokenOperands* tokens, const uint8_t* const (&runs)[NP], int64_t b0, int64_t b1, Prefetch prefetch,
                        __m512 (&sums)[MT][NP]) {
   static_assert(CHAINS == 1 || CHAINS == 2, "one or two chains");
-  const uint8_t* panels[NP];
-#pragma GCC unroll 8
-  for (int p = 0; p < NP; ++p) {
-    panels[p] = w.codes + (first_panel + p) * w.panel_bytes;
-#pragma GCC unroll 8
-    for (int t = 0; t < MT; ++t) sums[t][p] = _mm512_setzero_ps();
-  }
-  for (int64_t b = 0; b < w.blocks; ++b) {
+  for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blocks[NP];
 #pragma GCC unroll 8
-    for (int p = 0; p < NP; ++p) blocks[p] = Panels::block(panels[p], b);
+    for (int p = 0; p < NP; ++p) blocks[p] = Panels::block(runs[p], b - b0);
     if (prefetch.distance != 0) {
 #pragma GCC unroll 8
       for (int p = 0; p < NP; ++p) {
@@ -185,7 +190,7 @@ inline void panel_tile(const PanelOperands& w, const TokenOperands* tokens, int6
     }
 #pragma GCC unroll 8
     for (int p = 0; p < NP; ++p) {
-      const __m512 row_scales = Panels::scales(panels[p], b);
+      const __m512 row_scales = Panels::scales(runs[p], b - b0);
 #pragma GCC unroll 8
       for (int t = 0; t < MT; ++t) {
         __m512i dot = dots[t][p][0];
@@ -197,49 +202,91 @@ inline void panel_tile(const PanelOperands& w, const TokenOperands* tokens, int6
   }
 }
 
-// Runs a tile and writes its outputs that fall in [row_begin, row_end).
+// Every segment of K, in one tile (run_tile's `segment`).
+constexpr int64_t kEverySegment = -1;
+
+// Runs a tile over segment `segment` of K, or over all of K with kEverySegment, and writes its outputs
+// that fall in [row_begin, row_end). A segment past the first goes on from the sums the outputs hold
+// (stored exactly as floats): every output is the same sequence of operations as in one pass.
 template <typename Panels, int MT, int NP, int CHAINS>
 inline void run_tile(const MatmulOperands& op, const PanelOperands& w, const TokenOperands* tokens, int64_t t0, int64_t first_panel,
-                     int64_t row_begin, int64_t row_end, Prefetch prefetch) {
+                     int64_t row_begin, int64_t row_end, Prefetch prefetch, int64_t segment) {
   __m512 sums[MT][NP];
-  panel_tile<Panels, MT, NP, CHAINS>(w, tokens + t0, first_panel, prefetch, sums);
+  __mmask16 lanes[NP];
 #pragma GCC unroll 8
   for (int p = 0; p < NP; ++p) {
     const int64_t r0 = (first_panel + p) * kPanelRows;
     const int64_t begin = row_begin > r0 ? row_begin - r0 : 0;
     const int64_t end = row_end < r0 + kPanelRows ? row_end - r0 : kPanelRows;
-    if (begin >= end) continue;
-    const __mmask16 lanes = static_cast<__mmask16>(((1u << end) - 1u) & ~((1u << begin) - 1u));
+    lanes[p] = begin < end ? static_cast<__mmask16>(((1u << end) - 1u) & ~((1u << begin) - 1u)) : 0;
 #pragma GCC unroll 8
-    for (int t = 0; t < MT; ++t) _mm512_mask_storeu_ps(op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row, lanes, sums[t][p]);
+    for (int t = 0; t < MT; ++t) {
+      sums[t][p] = segment > 0 ? _mm512_maskz_loadu_ps(lanes[p], op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row) : _mm512_setzero_ps();
+    }
+  }
+  const int64_t first = segment == kEverySegment ? 0 : segment, last = segment == kEverySegment ? w.segments() : segment + 1;
+  for (int64_t s = first; s < last; ++s) {
+    const uint8_t* runs[NP];
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) runs[p] = w.run(first_panel + p, s);
+    const int64_t b0 = s * w.segment_blocks, b1 = b0 + w.segment_blocks < w.blocks ? b0 + w.segment_blocks : w.blocks;
+    panel_tile<Panels, MT, NP, CHAINS>(tokens + t0, runs, b0, b1, prefetch, sums);
+  }
+#pragma GCC unroll 8
+  for (int p = 0; p < NP; ++p) {
+    if (lanes[p] == 0) continue;
+    const int64_t r0 = (first_panel + p) * kPanelRows;
+#pragma GCC unroll 8
+    for (int t = 0; t < MT; ++t) _mm512_mask_storeu_ps(op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row, lanes[p], sums[t][p]);
   }
 }
 
 // Tokens [t0, t0 + count) (count <= 8) against NP panels from first_panel.
 template <typename Panels, int NP>
 void run_tokens(const MatmulOperands& op, const PanelOperands& w, const TokenOperands* tokens, int64_t t0, int64_t count,
-                int64_t first_panel, int64_t row_begin, int64_t row_end, Prefetch prefetch) {
+                int64_t first_panel, int64_t row_begin, int64_t row_end, Prefetch prefetch, int64_t segment) {
   switch (count) {
-    case 1: return run_tile<Panels, 1, NP, 2>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
-    case 2: return run_tile<Panels, 2, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
-    case 3: return run_tile<Panels, 3, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
-    case 4: return run_tile<Panels, 4, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
-    case 5: return run_tile<Panels, 5, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
-    case 6: return run_tile<Panels, 6, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+    case 1: return run_tile<Panels, 1, NP, 2>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch, segment);
+    case 2: return run_tile<Panels, 2, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch, segment);
+    case 3: return run_tile<Panels, 3, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch, segment);
+    case 4: return run_tile<Panels, 4, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch, segment);
+    case 5: return run_tile<Panels, 5, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch, segment);
+    case 6: return run_tile<Panels, 6, NP, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch, segment);
     case 7:
-      if constexpr (NP == 1) return run_tile<Panels, 7, 1, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+      if constexpr (NP == 1) return run_tile<Panels, 7, 1, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch, segment);
       break;
     case 8:
-      if constexpr (NP == 1) return run_tile<Panels, 8, 1, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch);
+      if constexpr (NP == 1) return run_tile<Panels, 8, 1, 1>(op, w, tokens, t0, first_panel, row_begin, row_end, prefetch, segment);
       break;
   }
   // Wider tiles than the registers hold: one panel at a time.
-  for (int64_t p = 0; p < NP; ++p) run_tokens<Panels, 1>(op, w, tokens, t0, count, first_panel + p, row_begin, row_end, prefetch);
+  for (int64_t p = 0; p < NP; ++p) run_tokens<Panels, 1>(op, w, tokens, t0, count, first_panel + p, row_begin, row_end, prefetch, segment);
+}
+
+// Calls visit(p, s) for segment s of every panel p in [first_panel, end_panel), in the order the panels
+// lie: a short panel whole, one after another; long ones group by group, each group's panels taking
+// turns per segment.
+template <class Visit>
+void in_stored_order(const PanelOperands& w, int64_t first_panel, int64_t end_panel, const Visit& visit) {
+  if (w.segments() == 1) {
+    for (int64_t p = first_panel; p < end_panel; ++p) visit(p, 0);
+    return;
+  }
+  for (int64_t group = first_panel; group < end_panel;) {
+    const int64_t group_end = (group / kPanelGroup + 1) * kPanelGroup < end_panel ? (group / kPanelGroup + 1) * kPanelGroup : end_panel;
+    for (int64_t s = 0; s < w.segments(); ++s) {
+      for (int64_t p = group; p < group_end; ++p) visit(p, s);
+    }
+    group = group_end;
+  }
 }
 
 template <typename Panels>
 void matmul_panels(const MatmulOperands& op, int64_t row_begin, int64_t row_end) {
-  const PanelOperands w{static_cast<const uint8_t*>(op.w), q8_blocks_per_row(op.cols), Panels::panel_stride(op.cols)};
+  const int64_t blocks = q8_blocks_per_row(op.cols);
+  const PanelOperands w{static_cast<const uint8_t*>(op.w), blocks, Panels::panel_stride(op.cols), panel_count(op.rows),
+                        long_panels(op.cols) ? kPanelSegmentBytes / Panels::kStreamBytesPerBlock : blocks,
+                        Panels::segment_bytes(op.cols)};
   // The tokens' operands, worked out once (a prefill's in pieces of 64).
   constexpr int64_t kTokenBatch = 64;
   TokenOperands tokens[kTokenBatch];
@@ -260,7 +307,8 @@ void matmul_panels(const MatmulOperands& op, int64_t row_begin, int64_t row_end)
     set_tokens(0, 1);
     measured_choice<Panels>().run((end_panel - first_panel) * w.panel_bytes, [&](int way) {
       const Prefetch prefetch{way == 0 ? 0 : kOneTokenPrefetchBytes};
-      for (int64_t p = first_panel; p < end_panel; ++p) run_tile<Panels, 1, 1, 2>(op, w, tokens, 0, p, row_begin, row_end, prefetch);
+      in_stored_order(w, first_panel, end_panel,
+                      [&](int64_t p, int64_t s) { run_tile<Panels, 1, 1, 2>(op, w, tokens, 0, p, row_begin, row_end, prefetch, s); });
     });
     return;
   }
@@ -270,12 +318,12 @@ void matmul_panels(const MatmulOperands& op, int64_t row_begin, int64_t row_end)
     set_tokens(0, op.tokens);
     measured_choice<StepOf<Panels>>().run((end_panel - first_panel) * w.panel_bytes, [&](int way) {
       const Prefetch ahead{kStepPrefetchBlocks * Panels::kStreamBytesPerBlock, way == 1};
-      for (int64_t p = first_panel; p < end_panel; ++p) {
+      in_stored_order(w, first_panel, end_panel, [&](int64_t p, int64_t s) {
         for (int64_t t = 0; t < op.tokens; t += kStepTokens) {
           run_tokens<Panels, 1>(op, w, tokens, t, op.tokens - t < kStepTokens ? op.tokens - t : kStepTokens, p, row_begin, row_end,
-                                t == 0 ? ahead : Prefetch{});
+                                t == 0 ? ahead : Prefetch{}, s);
         }
-      }
+      });
     });
     return;
   }
@@ -291,9 +339,9 @@ void matmul_panels(const MatmulOperands& op, int64_t row_begin, int64_t row_end)
         const int64_t count = batch - t < kPrefillTokens ? batch - t : kPrefillTokens;
         int64_t p = block;
         for (; p + kPrefillPanels <= block_end; p += kPrefillPanels) {
-          run_tokens<Panels, kPrefillPanels>(shifted, w, tokens, t, count, p, row_begin, row_end, Prefetch{});
+          run_tokens<Panels, kPrefillPanels>(shifted, w, tokens, t, count, p, row_begin, row_end, Prefetch{}, kEverySegment);
         }
-        if (p < block_end) run_tokens<Panels, 1>(shifted, w, tokens, t, count, p, row_begin, row_end, Prefetch{});
+        if (p < block_end) run_tokens<Panels, 1>(shifted, w, tokens, t, count, p, row_begin, row_end, Prefetch{}, kEverySegment);
       }
     }
   }
