@@ -14,8 +14,9 @@ namespace {
 constexpr int64_t kMatmulRowsPerTask = kernels::kQuantPanelRows;
 // Decode steps (up to kernels::kBatchMaxTokens tokens) stream the weights: a thread steals the other's
 // rows in chunks of about this many weight bytes, a multiple of 48 rows (the superblock batch kernels
-// stage outputs 48 rows at a time) or, for weights in panels, of the rows they keep together. 256 KiB rather than 64: one q4 or q8 token 1-4 points nearer the roofline on a Zen 5
-// (a quarter of the kernel calls; docs/benchmarks.md), bf16 and steps of 8 the same.
+// stage outputs 48 rows at a time) or, for weights in panels, of the rows they keep together. 256 KiB
+// rather than 64: one q4 or q8 token 1-4 points nearer the roofline on a Zen 5 (a quarter of the
+// kernel calls; docs/benchmarks.md), bf16 and steps of 8 the same.
 constexpr int64_t kStealChunkBytes = 256 * 1024;
 constexpr int64_t kStealChunkRows = 48;
 // Below this many multiply-adds a matrix product runs on the calling thread: waking the pool costs more.

@@ -135,8 +135,8 @@ inline bool long_panels(int64_t cols) { return cols > kLongPanelValues; }
 // Bytes of a panel's full segment: kPanelSegmentBytes of a long panel, else the whole panel.
 inline int64_t q8_panel_segment_bytes(int64_t cols) { return long_panels(cols) ? kPanelSegmentBytes : q8_panel_stride(cols); }
 inline int64_t q4_panel_segment_bytes(int64_t cols) { return long_panels(cols) ? kPanelSegmentBytes : q4_panel_stride(cols); }
-// Where byte `local` of panel `panel` (its offset in a panel of the order above: block after block)
-// lies among `panels` panels of `stride` bytes with full segments of `segment_bytes`. With one segment a
+// Where byte `local` of panel `panel` (its offset were the panel stored whole, block after block) lies
+// among `panels` panels of `stride` bytes with full segments of `segment_bytes`. With one segment a
 // panel (segment_bytes = stride), panel * stride + local.
 inline int64_t panel_byte(int64_t panel, int64_t local, int64_t panels, int64_t stride, int64_t segment_bytes) {
   const int64_t first = panel / kPanelGroup * kPanelGroup;
