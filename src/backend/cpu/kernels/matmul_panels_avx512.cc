@@ -213,16 +213,16 @@ inline void run_tile(const MatmulOperands& op, const PanelOperands& w, const Tok
                      int64_t row_begin, int64_t row_end, Prefetch prefetch, int64_t segment) {
   __m512 sums[MT][NP];
   __mmask16 lanes[NP];
+  float* outputs[NP];  // token t0's outputs of the panel's rows; token t0 + t's are t * y_stride on
 #pragma GCC unroll 8
   for (int p = 0; p < NP; ++p) {
     const int64_t r0 = (first_panel + p) * kPanelRows;
     const int64_t begin = row_begin > r0 ? row_begin - r0 : 0;
     const int64_t end = row_end < r0 + kPanelRows ? row_end - r0 : kPanelRows;
     lanes[p] = begin < end ? static_cast<__mmask16>(((1u << end) - 1u) & ~((1u << begin) - 1u)) : 0;
+    outputs[p] = op.y + t0 * op.y_stride + r0 - op.y_first_row;
 #pragma GCC unroll 8
-    for (int t = 0; t < MT; ++t) {
-      sums[t][p] = segment > 0 ? _mm512_maskz_loadu_ps(lanes[p], op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row) : _mm512_setzero_ps();
-    }
+    for (int t = 0; t < MT; ++t) sums[t][p] = segment > 0 ? _mm512_maskz_loadu_ps(lanes[p], outputs[p] + t * op.y_stride) : _mm512_setzero_ps();
   }
   const int64_t first = segment == kEverySegment ? 0 : segment, last = segment == kEverySegment ? w.segments() : segment + 1;
   for (int64_t s = first; s < last; ++s) {
@@ -235,9 +235,8 @@ inline void run_tile(const MatmulOperands& op, const PanelOperands& w, const Tok
 #pragma GCC unroll 8
   for (int p = 0; p < NP; ++p) {
     if (lanes[p] == 0) continue;
-    const int64_t r0 = (first_panel + p) * kPanelRows;
 #pragma GCC unroll 8
-    for (int t = 0; t < MT; ++t) _mm512_mask_storeu_ps(op.y + (t0 + t) * op.y_stride + r0 - op.y_first_row, lanes[p], sums[t][p]);
+    for (int t = 0; t < MT; ++t) _mm512_mask_storeu_ps(outputs[p] + t * op.y_stride, lanes[p], sums[t][p]);
   }
 }
 
@@ -264,16 +263,12 @@ void run_tokens(const MatmulOperands& op, const PanelOperands& w, const TokenOpe
 }
 
 // Calls visit(p, s) for segment s of every panel p in [first_panel, end_panel), in the order the panels
-// lie: a short panel whole, one after another; long ones group by group, each group's panels taking
-// turns per segment.
+// lie: group by group, each group's panels taking turns per segment (short panels, one segment each,
+// come one after another).
 template <class Visit>
 void in_stored_order(const PanelOperands& w, int64_t first_panel, int64_t end_panel, const Visit& visit) {
-  if (w.segments() == 1) {
-    for (int64_t p = first_panel; p < end_panel; ++p) visit(p, 0);
-    return;
-  }
   for (int64_t group = first_panel; group < end_panel;) {
-    const int64_t group_end = (group / kPanelGroup + 1) * kPanelGroup < end_panel ? (group / kPanelGroup + 1) * kPanelGroup : end_panel;
+    const int64_t next_group = (group / kPanelGroup + 1) * kPanelGroup, group_end = next_group < end_panel ? next_group : end_panel;
     for (int64_t s = 0; s < w.segments(); ++s) {
       for (int64_t p = group; p < group_end; ++p) visit(p, s);
     }
