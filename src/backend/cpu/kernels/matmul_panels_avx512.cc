@@ -7,9 +7,9 @@
 // broadcast from memory (int8, signed) and adds each row's 4 products to its lane. A block of 32 values
 // is 8 of them (q8: 8 vectors as stored; q4: 4 vectors, each giving its low nibbles, then its high ones),
 // in a chain started from the token's -c * sum(x) of the block, so the lane ends with the block's exact
-// sum(w * x) (one token's tiles split the chain in two, and q4's second one takes the high nibbles in
-// place, 16 times their codes, and is shifted back: still exact, one AND a vector instead of a shift
-// and an AND); then, per block, sum += float(dot) * (w_scale * x_scale) as one fma. Every output is that
+// sum(w * x) (one token's tiles split the chain in two or four, and q4's chains of high nibbles take
+// them in place, 16 times their codes, and are shifted back: still exact, one AND a vector instead of a
+// shift and an AND); then, per block, sum += float(dot) * (w_scale * x_scale) as one fma. Every output is that
 // same sequence of operations in block order whatever the tile, the token count or the row range it was
 // computed in, so results are bitwise the same for a token alone or in a step of several, and for any
 // split of the rows.
@@ -48,6 +48,10 @@ struct Q8Panels {
   template <bool kScaledSecond>
   static __m512i unscale_second(__m512i chain) { return chain; }
   static __m512 scales(const uint8_t* panel, int64_t b) { return _mm512_loadu_ps(panel + q8_panel_scale_offset(b)); }
+  // One token's tile walks a panel in units of kPanelUnitBytes: here one block, its codes then its scales.
+  static constexpr int kBlocksPerUnit = 1;
+  static const uint8_t* unit_codes(const uint8_t* unit, int) { return unit; }
+  static __m512 unit_scales(const uint8_t* unit, int) { return scales(unit, 0); }
 };
 struct Q4Panels {
   // Blocks in pairs: the two blocks' 4 vectors each, then their scales (576 bytes a pair).
@@ -75,7 +79,13 @@ struct Q4Panels {
   static __m512 scales(const uint8_t* panel, int64_t b) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + q4_panel_scale_offset(b))));
   }
+  // A unit is a pair: block k's codes, then both blocks' scales.
+  static constexpr int kBlocksPerUnit = 2;
+  static const uint8_t* unit_codes(const uint8_t* unit, int k) { return block(unit, k); }
+  static __m512 unit_scales(const uint8_t* unit, int k) { return scales(unit, k); }
 };
+constexpr int64_t kPanelUnitBytes = kQ8PanelBlockBytes;
+static_assert(kPanelUnitBytes == kQ4PanelPairBytes, "a q8 block and a q4 pair take the same bytes");
 
 // Blocks ahead of the weight loads that a step of several tokens prefetches, beside the hardware
 // prefetchers: 9 KiB of q8, 4.5 KiB of q4. Swept for q8 over 0-8 KiB on the Zen 5 (two threads, two
@@ -136,9 +146,26 @@ inline int32_t load_int32(const void* address) {
   return value;
 }
 
+// Where a token's prepared superblocks hold block b's -c * sum(x) (TokenOperands).
+inline uint64_t correction_offset(uint64_t b) { return b / 16 * 640 + 576 + 4 * (b % 16); }
+
+// Prefetches lines [first, last) from `at`, into L1 or L2.
+inline void prefetch_lines(const uint8_t* at, int first, int last, bool into_l1) {
+#pragma GCC unroll 16
+  for (int line = first; line < last; ++line) {
+    const char* address = reinterpret_cast<const char*>(at + 64 * line);
+    if (into_l1) {
+      _mm_prefetch(address, _MM_HINT_T0);
+    } else {
+      _mm_prefetch(address, _MM_HINT_T1);
+    }
+  }
+}
+
 // sums[t][p] += the 16 rows of panel p of the tile against token t over blocks [b0, b1) of K, one
 // segment, whose blocks in panel p begin at runs[p]. CHAINS integer chains per product (their sum is
-// exact): one token's few products need two to hide vpdpbusd's latency.
+// exact): a tile of one token's few products needs two to hide vpdpbusd's latency (one token against
+// one panel takes one_token_tile below).
 template <typename Panels, int MT, int NP, int CHAINS>
 inline void panel_tile(const TokenOperands* tokens, const uint8_t* const (&runs)[NP], int64_t b0, int64_t b1, Prefetch prefetch,
                        __m512 (&sums)[MT][NP]) {
@@ -149,19 +176,9 @@ inline void panel_tile(const TokenOperands* tokens, const uint8_t* const (&runs)
     for (int p = 0; p < NP; ++p) blocks[p] = Panels::block(runs[p], b - b0);
     if (prefetch.distance != 0) {
 #pragma GCC unroll 8
-      for (int p = 0; p < NP; ++p) {
-#pragma GCC unroll 8
-        for (int line = 0; line < (Panels::kStreamBytesPerBlock + 63) / 64; ++line) {
-          const char* ahead = reinterpret_cast<const char*>(blocks[p] + prefetch.distance + 64 * line);
-          if (prefetch.into_l1) {
-            _mm_prefetch(ahead, _MM_HINT_T0);
-          } else {
-            _mm_prefetch(ahead, _MM_HINT_T1);
-          }
-        }
-      }
+      for (int p = 0; p < NP; ++p) prefetch_lines(blocks[p] + prefetch.distance, 0, (Panels::kStreamBytesPerBlock + 63) / 64, prefetch.into_l1);
     }
-    const int64_t correction_at = b / 16 * 640 + 576 + 4 * (b % 16);
+    const uint64_t correction_at = correction_offset(static_cast<uint64_t>(b));
     __m512i dots[MT][NP][CHAINS];
 #pragma GCC unroll 8
     for (int t = 0; t < MT; ++t) {
@@ -202,6 +219,58 @@ inline void panel_tile(const TokenOperands* tokens, const uint8_t* const (&runs)
   }
 }
 
+// acc += w (u8) . x's 4 bytes (s8) broadcast, as _mm512_dpbusd_epi32 with the broadcast folded into
+// the instruction's memory operand ({1to16}), which GCC 12 does not do from _mm512_set1_epi32.
+inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t* x) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
+}
+
+// One token's tile: sum += the 16 rows of one panel against the token over blocks [b0, b1) of K, one
+// segment beginning at `run` (b0 even: segments hold whole q4 pairs). The same operations as
+// panel_tile's in the same order, in fewer instructions per weight byte: each activation broadcast
+// rides in its vpdpbusd, the addresses step unit by unit, and four chains of two products stand in for
+// two of four. A core reading memory loses more of its bandwidth the more instructions it runs per
+// line (docs/benchmarks.md, "one token's panels in fewer instructions"), and q4 runs twice q8's.
+template <typename Panels, int K>
+inline void one_token_block(const uint8_t* unit, const TokenOperands& token, uint64_t b, __m512& sum) {
+  const uint8_t* codes = Panels::unit_codes(unit, K);
+  const int8_t* x = token.values + kQ8BlockValues * b;
+  // Products of values 4v..4v+3 (first) and 4v+4..4v+7 (second) of the block; q4's second ones in place.
+  __m512i firsts[2] = {_mm512_set1_epi32(load_int32(token.superblocks + correction_offset(b))), _mm512_setzero_si512()};
+  __m512i seconds[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+#pragma GCC unroll 4
+  for (int v = 0; v < 8; v += 2) {
+    __m512i first, second;
+    Panels::template operands<true>(codes, v, first, second);
+    firsts[v / 2 % 2] = dpbusd_broadcast(firsts[v / 2 % 2], first, x + 4 * v);
+    seconds[v / 2 % 2] = dpbusd_broadcast(seconds[v / 2 % 2], second, x + 4 * v + 4);
+  }
+  const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(firsts[0], firsts[1]),
+                                       Panels::template unscale_second<true>(_mm512_add_epi32(seconds[0], seconds[1])));
+  const __m512 scale = _mm512_mul_ps(Panels::unit_scales(unit, K), _mm512_set1_ps(token.scales[b]));
+  sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, sum);
+}
+
+template <typename Panels>
+inline void one_token_tile(const TokenOperands& token, const uint8_t* run, int64_t b0, int64_t b1, Prefetch prefetch, __m512& sum) {
+  constexpr int kUnitBlocks = Panels::kBlocksPerUnit;
+  constexpr int kUnitLines = kPanelUnitBytes / 64, kFirstLines = (kUnitLines + kUnitBlocks - 1) / kUnitBlocks;
+  const uint64_t end = static_cast<uint64_t>(b1);
+  uint64_t b = static_cast<uint64_t>(b0);
+  const uint8_t* unit = run;
+  for (; b + kUnitBlocks <= end; b += kUnitBlocks, unit += kPanelUnitBytes) {
+    // The unit's lines ahead, spread over its blocks (a q4 pair's 9 lines: 5, then 4).
+    if (prefetch.distance != 0) prefetch_lines(unit + prefetch.distance, 0, kFirstLines, prefetch.into_l1);
+    one_token_block<Panels, 0>(unit, token, b, sum);
+    if constexpr (kUnitBlocks == 2) {
+      if (prefetch.distance != 0) prefetch_lines(unit + prefetch.distance, kFirstLines, kUnitLines, prefetch.into_l1);
+      one_token_block<Panels, 1>(unit, token, b + 1, sum);
+    }
+  }
+  if (b < end) one_token_block<Panels, 0>(unit, token, b, sum);  // a q4 panel's last, unpaired block
+}
+
 // Every segment of K, in one tile (run_tile's `segment`).
 constexpr int64_t kEverySegment = -1;
 
@@ -230,7 +299,11 @@ inline void run_tile(const MatmulOperands& op, const PanelOperands& w, const Tok
 #pragma GCC unroll 8
     for (int p = 0; p < NP; ++p) runs[p] = w.run(first_panel + p, s);
     const int64_t b0 = s * w.segment_blocks, b1 = b0 + w.segment_blocks < w.blocks ? b0 + w.segment_blocks : w.blocks;
-    panel_tile<Panels, MT, NP, CHAINS>(tokens + t0, runs, b0, b1, prefetch, sums);
+    if constexpr (MT == 1 && NP == 1) {
+      one_token_tile<Panels>(tokens[t0], runs[0], b0, b1, prefetch, sums[0][0]);
+    } else {
+      panel_tile<Panels, MT, NP, CHAINS>(tokens + t0, runs, b0, b1, prefetch, sums);
+    }
   }
 #pragma GCC unroll 8
   for (int p = 0; p < NP; ++p) {
