@@ -6,6 +6,9 @@
 //                              one core reading the probe's buffer as a tile reads S weight panels or
 //                              rows side by side: groups of S segments of B bytes, 256 bytes of each in
 //                              turn. With S = 1, one stream front to back.
+//   ReadAndCompute/dpbusd_per_line:K/threads:N
+//                              the probe's stream with K vpdpbusd on each line it loads, in turn with
+//                              the plain probe: kept (plain time over computing time), GB/s of each.
 //   PeakBf16/threads:N         vdpbf16ps on registers only: the compute ceiling for bf16 prefill.
 //   Decode/<fmt>/<isa>/<rows>x<cols>/tokens:T/threads:N
 //                              memory-bound GEMV / small batches. Shapes that fit in L3 rotate over
@@ -210,6 +213,54 @@ void ReadSideBySide(benchmark::State& state) {
   std::atomic<float> sink{0.0f};
   for (auto _ : state) sink.store(read_side_by_side(buffer.data(), kProbeBytes, streams, segment));
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(read) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The probe's stream with `per_line` vpdpbusd on each 64-byte line just loaded, the stream its only
+// memory operand. How much bandwidth a core keeps while it computes on what it reads: one token's q8
+// panels run about 3 instructions a line, q4's about 8.
+template <int kPerLine>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t read_and_compute(const std::byte* data, size_t bytes) {
+  __m512i sums[8];
+  for (__m512i& sum : sums) sum = _mm512_setzero_si512();
+  const __m512i x = _mm512_set1_epi32(0x01020304);
+  for (size_t offset = 0; offset < bytes; offset += 256) {
+#pragma GCC unroll 4
+    for (int line = 0; line < 4; ++line) {
+      const __m512i w = _mm512_load_si512(data + offset + 64 * line);
+#pragma GCC unroll 8
+      for (int k = 0; k < kPerLine; ++k) sums[(line * kPerLine + k) % 8] = _mm512_dpbusd_epi32(sums[(line * kPerLine + k) % 8], w, x);
+    }
+  }
+  __m512i total = sums[0];
+  for (int i = 1; i < 8; ++i) total = _mm512_add_epi32(total, sums[i]);
+  return _mm512_reduce_add_epi32(total);
+}
+
+// That stream against the plain probe, pass by pass in turn so both meet the same bandwidth: GB/s of
+// each and kept (the plain pass's time over the computing one's).
+template <int kPerLine>
+void ReadAndCompute(benchmark::State& state) {
+  if (detected_isa() < Isa::kAvx512) return state.SkipWithError("needs AVX-512 VNNI");
+  const int threads = static_cast<int>(state.range(0));
+  Buffer buffer = allocate(kProbeBytes);
+  const size_t share = kProbeBytes / threads;
+  runner(threads).run([&](int thread) { std::memset(buffer.data() + share * thread, 1, share); });
+  std::atomic<int64_t> sink{0};
+  double seconds[2] = {0.0, 0.0};
+  for (auto _ : state) {
+    for (int computing = 0; computing < 2; ++computing) {
+      const auto start = std::chrono::steady_clock::now();
+      runner(threads).run([&](int thread) {
+        const std::byte* mine = buffer.data() + share * thread;
+        sink.store(computing ? read_and_compute<kPerLine>(mine, share) : static_cast<int64_t>(read_stream(mine, share)));
+      });
+      seconds[computing] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  }
+  const double bytes = static_cast<double>(kProbeBytes) * static_cast<double>(state.iterations());
+  state.counters["plain_GB/s"] = bytes / seconds[0] * 1e-9;
+  state.counters["computing_GB/s"] = bytes / seconds[1] * 1e-9;
+  state.counters["kept"] = seconds[0] / seconds[1];
 }
 
 // ---- the compute ceiling: the engine's own probe (backend/host/compute_peak.h) ----
@@ -546,6 +597,12 @@ const bool kRegistered = [] {
         ->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("PeakBf16/threads:" + std::to_string(threads)).c_str(), PeakBf16)
         ->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  for (int threads : {1, 2}) {
+    const std::string suffix = "/threads:" + std::to_string(threads);
+    benchmark::RegisterBenchmark(("ReadAndCompute/dpbusd_per_line:2" + suffix).c_str(), ReadAndCompute<2>)->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("ReadAndCompute/dpbusd_per_line:4" + suffix).c_str(), ReadAndCompute<4>)->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("ReadAndCompute/dpbusd_per_line:8" + suffix).c_str(), ReadAndCompute<8>)->Arg(threads)->UseRealTime()->Unit(benchmark::kMillisecond);
   }
   // One stream, then four side by side over segments of a q4 panel of K = 1,536 / 6,144 (12 / 48 KiB)
   // and a bf16 row of K = 1,536 (3 KiB).
