@@ -217,7 +217,7 @@ void ReadSideBySide(benchmark::State& state) {
 
 // The probe's stream with `per_line` vpdpbusd on each 64-byte line just loaded, the stream its only
 // memory operand. How much bandwidth a core keeps while it computes on what it reads: one token's q8
-// panels run about 3 instructions a line, q4's about 8.
+// panels run about 5 instructions a line, q4's about 9.
 template <int kPerLine>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t read_and_compute(const std::byte* data, size_t bytes) {
   __m512i sums[8];
