@@ -115,6 +115,10 @@ class Backend {
   virtual void download(Buffer source, size_t offset, void* destination, size_t bytes) = 0;
   // A weight prepared for this backend's products, in `format`.
   virtual Weight prepare_weight(const TensorView& view, WeightFormat format) = 0;
+  // Weights the backend would read in place from the checkpoint's map may instead be copied into memory
+  // of its own, `bytes` in all at most; the engine says what the host can spare before it prepares
+  // them (until then, none).
+  virtual void allow_weight_copies(uint64_t bytes) {}
   // Bytes one product reads from the prepared weight, and bytes held beyond the checkpoint's mmap.
   virtual size_t weight_read_bytes(Weight weight) const = 0;
   virtual size_t owned_weight_bytes() const = 0;

@@ -31,7 +31,8 @@ MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
     data_ = static_cast<const std::byte*>(mapping);
     // Pages read in through this mapping come in huge folios the kernel maps whole, so decode, which
     // streams every weight each token, needs a TLB entry per 2 MiB of checkpoint instead of per 4 KiB
-    // (pages already cached keep the size they were read with). Advice only: ignored where unsupported.
+    // (pages already cached keep the size they were read with, and the CPU backend copies the weights it
+    // would read in place where memory allows: prepared_weight.cc). Advice only: ignored where unsupported.
     ::madvise(mapping, size_, MADV_HUGEPAGE);
   }
   ::close(fd);

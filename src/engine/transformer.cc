@@ -59,6 +59,36 @@ uint64_t available_host_memory() {
   return 0;
 }
 
+// The planner's arithmetic for this engine's cache and chunk, with weights (or, on the host, the KV
+// cache's element size) in `dtype`.
+planning::PlanOptions plan_options(const EngineOptions& options, WeightFormat dtype) {
+  planning::PlanOptions plan;
+  plan.dtype = dtype;
+  plan.context_tokens = options.context_tokens;
+  plan.batch = options.sequences;
+  plan.prefill_chunk_tokens = options.max_chunk_tokens;
+  plan.full_sliding_cache = options.full_sliding_cache;
+  return plan;
+}
+
+// What the host allocates beside weights: the KV cache and scratch.
+planning::RankMemory host_needs(const ModelConfig& config, const EngineOptions& options, KvFormat kv_format) {
+  const planning::PlanOptions plan = plan_options(options, kv_format == KvFormat::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16);
+  return planning::rank_memory(config, parallel::make_shard_plan(config, 1), planning::parse_target("cpu:1"), plan);
+}
+
+// Bytes of host memory weights may be copied into (Backend::allow_weight_copies): a quarter of what is
+// left after the KV cache and scratch, and 2 GiB, stay free for everything else; `ranks` engines of one
+// run (in-process ranks, or processes that may share the host) split the rest.
+uint64_t weight_copy_budget(const ModelConfig& config, const EngineOptions& options, KvFormat kv_format, int ranks) {
+  constexpr uint64_t kKeepFree = uint64_t{2} << 30;
+  const planning::RankMemory needed = host_needs(config, options, kv_format);
+  const uint64_t allocated = static_cast<uint64_t>(needed.kv_cache_bytes + needed.activation_bytes);
+  const uint64_t available = available_host_memory();
+  if (available <= kKeepFree + allocated) return 0;
+  return (available - allocated - kKeepFree) / 4 * 3 / static_cast<uint64_t>(std::max(ranks, 1));
+}
+
 // Columns [first, first + count) of a 2-D weight, copied to floats held in `storage` (the row-parallel
 // products o_proj and down_proj read a column block, which is not contiguous in the checkpoint).
 TensorView columns_copy(const TensorView& view, int64_t first, int64_t count, std::vector<float>& storage) {
@@ -113,6 +143,10 @@ void Transformer::load() {
     communicator_ = group_communicators_[0].get();
   }
   if (communicator_ && communicator_->size() > 1) partition_ = partition_for_rank(config_, communicator_->rank(), communicator_->size());
+  // Weights the host would read in place from the map may be copied into huge pages with what it spares.
+  if (device.memory_bytes() == 0) {
+    device.allow_weight_copies(weight_copy_budget(config_, options_, kv_format, communicator_ ? communicator_->size() : 1));
+  }
   std::vector<int> kv_heads;
   if (partition_) {
     for (const LayerPartition& layer : partition_->layers) kv_heads.push_back(static_cast<int>(layer.kv_heads.count));
@@ -279,26 +313,13 @@ uint64_t Transformer::check_fits(KvFormat kv_format) const {
     fail("a context of {} tokens exceeds what the model was trained for (max_position_embeddings {})", options_.context_tokens,
          config_.max_position_embeddings);
   }
-  // The planner's arithmetic for this engine's cache and chunk, with weights (or, on the host, the KV
-  // cache's element size) in `dtype`.
-  auto plan_in = [&](WeightFormat dtype) {
-    planning::PlanOptions plan;
-    plan.dtype = dtype;
-    plan.context_tokens = options_.context_tokens;
-    plan.batch = options_.sequences;
-    plan.prefill_chunk_tokens = options_.max_chunk_tokens;
-    plan.full_sliding_cache = options_.full_sliding_cache;
-    return plan;
-  };
   const uint64_t memory = backend_->memory_bytes();
   if (memory == 0) {
     // Host memory: weights are mapped from the checkpoint (the page cache holds them), but the KV
     // cache and scratch are allocated, so they must fit what the machine has free.
     const uint64_t available = available_host_memory();
     if (available == 0) return 0;
-    const planning::PlanOptions plan = plan_in(kv_format == KvFormat::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16);
-    const planning::RankMemory needed =
-        planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), planning::parse_target("cpu:1"), plan);
+    const planning::RankMemory needed = host_needs(config_, options_, kv_format);
     const int64_t allocated = needed.kv_cache_bytes + needed.activation_bytes;
     if (allocated > static_cast<int64_t>(available)) {
       fail("the KV cache and scratch for {} x {} tokens need {:.2f} GB ({:.2f} GB of {} KV cache) and this machine has {:.2f} GB available; "
@@ -311,7 +332,7 @@ uint64_t Transformer::check_fits(KvFormat kv_format) const {
   target.name = backend_->name();
   target.kind = planning::TargetKind::kGpu;
   target.memory_per_rank_bytes = static_cast<int64_t>(memory);
-  const planning::RankMemory needed = planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), target, plan_in(weight_format_));
+  const planning::RankMemory needed = planning::rank_memory(config_, parallel::make_shard_plan(config_, 1), target, plan_options(options_, weight_format_));
   if (needed.total_bytes > static_cast<int64_t>(memory)) {
     fail("the model does not fit the {} device: it needs {:.2f} GB ({:.2f} GB of {} weights, {:.2f} GB of {} KV cache for {} x {} tokens) "
          "and the device has {:.2f} GB",

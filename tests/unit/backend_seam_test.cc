@@ -3,6 +3,7 @@
 // when greedy, the softcapped logits when sampling), twice with logprobs (the logits, then their
 // normalisers); no step allocates; nothing is read back in the
 // middle of a forward pass, MoE routing included. And the device-side argmax gives the goldens' tokens.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/registry.h"
+#include "core/bf16.h"
 #include "core/error.h"
 #include "engine/transformer.h"
 #include "test_support.h"
@@ -329,6 +331,52 @@ TEST(BackendRegistry, CpuMatmulEachMatchesSeparateProducts) {
         }
       }
     }
+  }
+}
+
+// Weights the CPU backend reads in place from the checkpoint's map are copied into memory of its own
+// while the engine's budget allows (large ones only, each within what is left), and a copy multiplies
+// to the same bits as the map's values and no longer depends on them.
+TEST(BackendRegistry, CpuCopiesInPlaceWeightsWithinTheBudget) {
+  const std::unique_ptr<backend::Backend> cpu = backend::make_backend({.name = "cpu", .threads = 2});
+  constexpr int64_t kRows = 1024, kCols = 1024;  // 2 MiB in bf16, 4 MiB in f32
+  uint32_t seed = 11;
+  std::vector<float> floats(static_cast<size_t>(kRows * kCols));
+  for (float& value : floats) value = testing::next_centered(seed);
+  std::vector<uint16_t> halves(floats.size());
+  for (size_t i = 0; i < floats.size(); ++i) halves[i] = float_to_bf16(floats[i]);
+  TensorView bf16_view = testing::f32_view(floats, kRows, kCols);
+  bf16_view.dtype = DType::kBF16;
+  bf16_view.data = reinterpret_cast<const std::byte*>(halves.data());
+  const std::vector<float> small(64 * 64, 0.25f);
+
+  const Weight in_place = cpu->prepare_weight(bf16_view, WeightFormat::kBF16);  // no budget yet
+  EXPECT_EQ(cpu->owned_weight_bytes(), 0u);
+  cpu->allow_weight_copies((3u << 20) + (64u * 64u * 4u));
+  cpu->prepare_weight(testing::f32_view(small, 64, 64), WeightFormat::kF32);  // 16 KiB: stays in place
+  EXPECT_EQ(cpu->owned_weight_bytes(), 0u);
+  const Weight copied = cpu->prepare_weight(bf16_view, WeightFormat::kBF16);
+  EXPECT_EQ(cpu->owned_weight_bytes(), size_t{2} << 20);
+  cpu->prepare_weight(testing::f32_view(floats, kRows, kCols), WeightFormat::kF32);  // 4 MiB: past the 1 MiB left
+  EXPECT_EQ(cpu->owned_weight_bytes(), size_t{2} << 20);
+
+  for (const int rows : {1, 5}) {
+    std::vector<float> input(static_cast<size_t>(rows * kCols));
+    for (float& value : input) value = testing::next_centered(seed);
+    const Buffer x = cpu->allocate(input.size() * sizeof(float));
+    cpu->upload(x, 0, input.data(), input.size() * sizeof(float));
+    const Buffer from_map = cpu->allocate(static_cast<size_t>(rows * kRows) * sizeof(float));
+    const Buffer from_copy = cpu->allocate(static_cast<size_t>(rows * kRows) * sizeof(float));
+    cpu->matmul(x, rows, in_place, from_map);
+    std::vector<uint16_t> saved = halves;
+    std::fill(halves.begin(), halves.end(), uint16_t{0});  // the map's values gone: the copy must not care
+    cpu->matmul(x, rows, copied, from_copy);
+    halves = saved;
+    std::vector<float> a(static_cast<size_t>(rows * kRows)), b(a.size());
+    cpu->download(from_map, 0, a.data(), a.size() * sizeof(float));
+    cpu->download(from_copy, 0, b.data(), b.size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << rows << " rows";
+    EXPECT_NE(a[0], 0.0f);
   }
 }
 

@@ -40,7 +40,7 @@ size_t CpuBackend::owned_weight_bytes() const {
 
 void CpuBackend::store_weight(int32_t id, const TensorView& view, WeightFormat format) {
   weights_.resize(static_cast<size_t>(id) + 1);
-  weights_[static_cast<size_t>(id)] = backend::prepare_weight(view, format, pool());
+  weights_[static_cast<size_t>(id)] = backend::prepare_weight(view, format, pool(), &copy_budget_);
 }
 
 int64_t CpuBackend::steal_chunk_rows(const PreparedWeight& weight) {

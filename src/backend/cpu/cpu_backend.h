@@ -34,6 +34,7 @@ class CpuBackend : public HostBackend {
 
  protected:
   void store_weight(int32_t id, const TensorView& view, WeightFormat format) override;
+  void allow_weight_copies(uint64_t bytes) override { copy_budget_ = bytes; }
   void multiply(const float* x, int rows, int32_t id, float* y) override;
   void multiply_each(const float* x, int rows, std::span<const int32_t> ids, std::span<float* const> ys) override;
   void norm_row(const float* x, int64_t width, const float* weight, float eps, float* out) override;
@@ -64,6 +65,7 @@ class CpuBackend : public HostBackend {
   static int64_t rows_together(const PreparedWeight& weight);
 
   std::vector<PreparedWeight> weights_;
+  uint64_t copy_budget_ = 0;  // bytes of in-place weights still allowed a copy of their own (allow_weight_copies)
   kernels::PreparedActivations prepared_;
   kernels::PreparedActivations down_input_;  // gelu_feed_forward's products, prepared for down_proj
   std::vector<std::vector<float>> gelu_rows_;  // gelu_multiply_matmul's row of products, one per thread

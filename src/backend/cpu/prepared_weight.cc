@@ -1,5 +1,6 @@
 #include "backend/cpu/prepared_weight.h"
 
+#include <cstring>
 #include <mutex>
 #include <vector>
 #include <string>
@@ -40,12 +41,39 @@ void move_q4_to_panels(PreparedWeight& linear, ThreadPool& pool) {
   linear.matrix.layout = kernels::QuantLayout::kPanels;
 }
 
+// A checkpoint's cached pages stay in the 4 KiB folios they were read in, whatever MappedFile advises
+// (here FilePmdMapped stayed 0), and a decode step streaming weights in place pays for a TLB entry and
+// a prefetcher restart every 4 KiB: E2B in bf16 decoded 9.3-9.6 tok/s in place against 13.7-14.1 copied
+// into huge pages, two threads (docs/benchmarks.md, "bf16 weights copied out of the map"). Weights
+// under 1 MiB would not fill a huge page (WeightBuffer keeps them on ordinary memory), so they stay.
+constexpr uint64_t kCopyFromBytes = uint64_t{1} << 20;
+
+// The weight's own copy of its in-place values, if the budget allows one (else it keeps the map's).
+template <class T>
+void copy_out_of_map(PreparedWeight& linear, WeightBuffer<T>& owned, size_t elements, uint64_t* copy_budget, ThreadPool& pool) {
+  const uint64_t bytes = elements * sizeof(T);
+  if (copy_budget == nullptr || bytes < kCopyFromBytes || bytes > *copy_budget) return;
+  owned.resize(elements, "a weight copied out of the checkpoint's map");
+  const auto* source = static_cast<const T*>(linear.matrix.values);
+  const int64_t rows = linear.matrix.rows, cols = linear.matrix.cols;
+  pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
+    std::memcpy(owned.data() + first * cols, source + first * cols, static_cast<size_t>((last - first) * cols) * sizeof(T));
+  });
+  linear.matrix.values = owned.data();
+  *copy_budget -= bytes;
+}
+
 PreparedWeight prepare_rows(const TensorView& view, WeightFormat format, ThreadPool& pool);
 
 }  // namespace
 
-PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, ThreadPool& pool) {
+PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, ThreadPool& pool, uint64_t* copy_budget) {
   PreparedWeight linear = prepare_rows(view, format, pool);
+  const size_t elements = static_cast<size_t>(linear.matrix.rows * linear.matrix.cols);
+  if (linear.matrix.values == view.data) {  // in place from the map
+    if (format == WeightFormat::kBF16) copy_out_of_map(linear, linear.owned_bf16, elements, copy_budget, pool);
+    if (format == WeightFormat::kF32) copy_out_of_map(linear, linear.owned_f32, elements, copy_budget, pool);
+  }
   if (format == WeightFormat::kQ4 && panels_here()) move_q4_to_panels(linear, pool);
   return linear;
 }

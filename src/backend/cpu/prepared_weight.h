@@ -33,7 +33,10 @@ struct PreparedWeight {
   }
 };
 
-// Prepares `view` for the kernels in `format`; `pool` parallelises conversion and quantisation.
-PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, ThreadPool& pool);
+// Prepares `view` for the kernels in `format`; `pool` parallelises conversion and quantisation. A bf16
+// or f32 weight of 1 MiB or more that the kernels could read in place from the checkpoint's map is
+// copied into a huge-page buffer of its own instead while `copy_budget` (bytes) allows, and the budget
+// shrinks by the copy; without a budget it stays in place.
+PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, ThreadPool& pool, uint64_t* copy_budget = nullptr);
 
 }  // namespace gemma4rt::backend
