@@ -405,7 +405,15 @@ void tile(const MatmulOperands& op, int64_t t0, int64_t r0, int64_t row_count, c
   const int64_t full = cols - cols % P::kStep;
   const int64_t stop = range.end < full ? range.end : full;
   int64_t k = range.begin;
-  for (; k < stop; k += P::kStep) step(k);
+  if constexpr (MT * NR == 1) {
+    // One token's row (bf16 decode): unrolled, a line of weights costs 4 instructions instead of 8, and
+    // more rows' chains fit the out-of-order window. Decode/bf16 in the kernel bench: one thread 20-40%
+    // faster, two 0-15%; E2B bf16 one stream 3-6% (docs/benchmarks.md). The bits are the same.
+#pragma GCC unroll 4
+    for (; k < stop; k += P::kStep) step(k);
+  } else {
+    for (; k < stop; k += P::kStep) step(k);
+  }
   if (range.end < cols) return carry_sums(range, acc);
   if (k < cols) {  // activations are zero padded, so only the weights need masking
     typename P::WVec w[NR];
