@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <mutex>
 
 #include "backend/registry.h"
 #include "core/argmax.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "planning/deployment_plan.h"
 
 namespace gemma4rt {
@@ -47,18 +47,6 @@ int threads_per_rank(const EngineOptions& options) {
   return std::max(1, total / options.tensor_parallel);
 }
 
-// MemAvailable of /proc/meminfo in bytes; 0 where there is none to read.
-uint64_t available_host_memory() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  uint64_t kilobytes = 0;
-  std::string unit;
-  while (meminfo >> key >> kilobytes >> unit) {
-    if (key == "MemAvailable:") return kilobytes * 1024;
-  }
-  return 0;
-}
-
 // The planner's arithmetic for this engine's cache and chunk, with weights (or, on the host, the KV
 // cache's element size) in `dtype`.
 planning::PlanOptions plan_options(const EngineOptions& options, WeightFormat dtype) {
@@ -81,12 +69,11 @@ planning::RankMemory host_needs(const ModelConfig& config, const EngineOptions& 
 // left after the KV cache and scratch, and 2 GiB, stay free for everything else; `ranks` engines of one
 // run (in-process ranks, or processes that may share the host) split the rest.
 uint64_t weight_copy_budget(const ModelConfig& config, const EngineOptions& options, KvFormat kv_format, int ranks) {
-  constexpr uint64_t kKeepFree = uint64_t{2} << 30;
   const planning::RankMemory needed = host_needs(config, options, kv_format);
   const uint64_t allocated = static_cast<uint64_t>(needed.kv_cache_bytes + needed.activation_bytes);
   const uint64_t available = available_host_memory();
-  if (available <= kKeepFree + allocated) return 0;
-  return (available - allocated - kKeepFree) / 4 * 3 / static_cast<uint64_t>(std::max(ranks, 1));
+  if (available <= kHostMemoryReserve + allocated) return 0;
+  return (available - allocated - kHostMemoryReserve) / 4 * 3 / static_cast<uint64_t>(std::max(ranks, 1));
 }
 
 // Columns [first, first + count) of a 2-D weight, copied to floats held in `storage` (the row-parallel

@@ -9,6 +9,7 @@
 
 #include "backend/host/isa.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace gemma4rt::backend {
 namespace {
@@ -48,12 +49,18 @@ void move_q4_to_panels(PreparedWeight& linear, ThreadPool& pool) {
 // under 1 MiB would not fill a huge page (WeightBuffer keeps them on ordinary memory), so they stay.
 constexpr uint64_t kCopyFromBytes = uint64_t{1} << 20;
 
-// The weight's own copy of its in-place values, if the budget allows one (else it keeps the map's).
+// The weight's own copy of its in-place values, if the budget allows one and the host still has the
+// memory now (other processes may be loading beside this one), else it keeps the map's.
 template <class T>
 void copy_out_of_map(PreparedWeight& linear, WeightBuffer<T>& owned, size_t elements, uint64_t* copy_budget, ThreadPool& pool) {
   const uint64_t bytes = elements * sizeof(T);
   if (copy_budget == nullptr || bytes < kCopyFromBytes || bytes > *copy_budget) return;
-  owned.resize(elements, "a weight copied out of the checkpoint's map");
+  if (available_host_memory() < bytes + kHostMemoryReserve) return;
+  try {
+    owned.resize(elements, "a weight copied out of the checkpoint's map");
+  } catch (const Error&) {
+    return;  // no memory for it after all: the map's values serve
+  }
   const auto* source = static_cast<const T*>(linear.matrix.values);
   const int64_t rows = linear.matrix.rows, cols = linear.matrix.cols;
   pool.parallel_for(rows, kRowsPerTask, [&](int64_t first, int64_t last) {
