@@ -43,7 +43,7 @@ void move_q4_to_panels(PreparedWeight& linear, ThreadPool& pool) {
 }
 
 // A checkpoint's cached pages stay in the 4 KiB folios they were read in, whatever MappedFile advises
-// (here FilePmdMapped stayed 0), and a decode step streaming weights in place pays for a TLB entry and
+// (on the test VM /proc/meminfo's FilePmdMapped stayed 0), and a decode step streaming weights in place pays for a TLB entry and
 // a prefetcher restart every 4 KiB: E2B in bf16 decoded 9.3-9.6 tok/s in place against 13.7-14.1 copied
 // into huge pages, two threads (docs/benchmarks.md, "bf16 weights copied out of the map"). Weights
 // under 1 MiB would not fill a huge page (WeightBuffer keeps them on ordinary memory), so they stay.

@@ -9,10 +9,10 @@
 // in a chain started from the token's -c * sum(x) of the block, so the lane ends with the block's exact
 // sum(w * x) (one token's tiles split the chain in two or four, and q4's chains of high nibbles take
 // them in place, 16 times their codes, and are shifted back: still exact, one AND a vector instead of a
-// shift and an AND); then, per block, sum += float(dot) * (w_scale * x_scale) as one fma. Every output is that
-// same sequence of operations in block order whatever the tile, the token count or the row range it was
-// computed in, so results are bitwise the same for a token alone or in a step of several, and for any
-// split of the rows.
+// shift and an AND); then, per block, sum += float(dot) * (w_scale * x_scale) as one fma. Every output
+// is that same sequence of operations in block order whatever the tile, the token count or the row
+// range it was computed in, so results are bitwise the same for a token alone or in a step of several,
+// and for any split of the rows.
 //
 // Tiles: one token takes one panel at a time (one segment of one, for long panels) in the order the
 // panels lie, so a thread's rows are one stream front to back; 2-16 tokens take up to 8 tokens x 1
@@ -230,8 +230,9 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t* x) {
 // segment beginning at `run` (b0 even: segments hold whole q4 pairs). The same operations as
 // panel_tile's in the same order, in fewer instructions per weight byte: each activation broadcast
 // rides in its vpdpbusd, the addresses step unit by unit, and four chains of two products stand in for
-// two of four. A core reading memory loses more of its bandwidth the more instructions it runs per
-// line (docs/benchmarks.md, "one token's panels in fewer instructions"), and q4 runs twice q8's.
+// two of four. A core reading memory fast loses more of its bandwidth the more instructions it runs per
+// line of the stream (docs/benchmarks.md, "one token's panels in fewer instructions"), and q4 runs
+// about twice as many a line as q8.
 template <typename Panels, int K>
 inline void one_token_block(const uint8_t* unit, const TokenOperands& token, uint64_t b, __m512& sum) {
   const uint8_t* codes = Panels::unit_codes(unit, K);
