@@ -43,10 +43,11 @@ void move_q4_to_panels(PreparedWeight& linear, ThreadPool& pool) {
 }
 
 // A checkpoint's cached pages stay in the 4 KiB folios they were read in, whatever MappedFile advises
-// (on the test VM /proc/meminfo's FilePmdMapped stayed 0), and a decode step streaming weights in place pays for a TLB entry and
-// a prefetcher restart every 4 KiB: E2B in bf16 decoded 9.3-9.6 tok/s in place against 13.7-14.1 copied
-// into huge pages, two threads (docs/benchmarks.md, "bf16 weights copied out of the map"). Weights
-// under 1 MiB would not fill a huge page (WeightBuffer keeps them on ordinary memory), so they stay.
+// (on the test VM /proc/meminfo's FilePmdMapped stayed 0), and a decode step streaming weights in place
+// pays for a TLB entry and a prefetcher restart every 4 KiB: E2B in bf16 decoded 9.3-9.6 tok/s in place
+// against 13.7-14.1 copied into huge pages, two threads (docs/benchmarks.md, "bf16 weights copied out of
+// the map"). Weights under 1 MiB would not fill a huge page (WeightBuffer keeps them on ordinary
+// memory), so they stay.
 constexpr uint64_t kCopyFromBytes = uint64_t{1} << 20;
 
 // The weight's own copy of its in-place values, if the budget allows one and the host still has the
@@ -76,8 +77,8 @@ PreparedWeight prepare_rows(const TensorView& view, WeightFormat format, ThreadP
 
 PreparedWeight prepare_weight(const TensorView& view, WeightFormat format, ThreadPool& pool, uint64_t* copy_budget) {
   PreparedWeight linear = prepare_rows(view, format, pool);
-  const size_t elements = static_cast<size_t>(linear.matrix.rows * linear.matrix.cols);
   if (linear.matrix.values == view.data) {  // in place from the map
+    const size_t elements = static_cast<size_t>(linear.matrix.rows * linear.matrix.cols);
     if (format == WeightFormat::kBF16) copy_out_of_map(linear, linear.owned_bf16, elements, copy_budget, pool);
     if (format == WeightFormat::kF32) copy_out_of_map(linear, linear.owned_f32, elements, copy_budget, pool);
   }
